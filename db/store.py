@@ -1,0 +1,254 @@
+"""The DuckDB file: opening it, migrating it, and every query stepwatch makes.
+
+One `Store` owns a connection. Each method carries its SQL inline with `?` parameters; values
+are never formatted into SQL. Migrations are the numbered files in db/migrations, applied in
+order on open and recorded in `schema_migrations`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+DEFAULT_DB = os.environ.get("STEPWATCH_DB", "stepwatch.duckdb")
+
+
+class StoreError(Exception):
+    """The database file cannot be opened or used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What one import writes: the run row's fields plus its three tables."""
+
+    content_hash: str
+    repo: str | None
+    commit: str | None
+    variant: str | None
+    engine: str | None
+    workload: dict | None
+    device_name: str | None
+    peak_gbps: float | None
+    ranks: int
+    steps: int
+    step_method: str
+    step_ms_median: float | None
+    tok_per_s: float | None
+    layers: int | None
+    copy_share: float | None
+    gpu_busy_share: float | None
+    kernel_us_total: float
+    kernels_from_cpu_ops: bool
+    source_path: str
+    manifest: dict | None
+    step_table: pd.DataFrame  # rank, step, wall_us, gpu_busy_us, kernel_us
+    step_categories: pd.DataFrame  # rank, step, category, dur_us
+    kernel_stats: pd.DataFrame  # rank, name, category, launcher, source, calls, ...
+
+
+def _migration_files() -> list[tuple[int, str, Path]]:
+    out = []
+    for p in sorted(MIGRATIONS.glob("*.sql")):
+        m = re.match(r"(\d+)_(\w+)\.sql$", p.name)
+        if m:
+            out.append((int(m.group(1)), m.group(2), p))
+    return out
+
+
+def open_db(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False) -> "Store":
+    """Open (creating if needed) the database and bring its schema up to date."""
+    path = str(path)
+    if read_only and not Path(path).exists():
+        raise StoreError(f"{path}: no such database file")
+    try:
+        con = duckdb.connect(path, read_only=read_only)
+    except duckdb.Error as e:
+        raise StoreError(f"{path}: cannot open database ({str(e).splitlines()[0]})") from None
+    store = Store(con, path)
+    if not read_only:
+        store.migrate()
+    return store
+
+
+class Store:
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: str):
+        self.con = con
+        self.path = path
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- schema -------------------------------------------------------------------------
+    def migrate(self) -> list[int]:
+        """Apply the migrations not yet recorded; return the versions applied."""
+        self.con.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+            " applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)"
+        )
+        done = {v for (v,) in self.con.execute("SELECT version FROM schema_migrations").fetchall()}
+        applied = []
+        for version, name, path in _migration_files():
+            if version in done:
+                continue
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self.con.execute(path.read_text())
+                self.con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
+                self.con.execute("COMMIT")
+            except Exception:
+                self.con.execute("ROLLBACK")
+                raise
+            applied.append(version)
+        return applied
+
+    def schema_versions(self) -> list[int]:
+        return [v for (v,) in self.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()]
+
+    # -- writing ------------------------------------------------------------------------
+    def find_run_by_hash(self, content_hash: str) -> int | None:
+        row = self.con.execute("SELECT run_id FROM runs WHERE content_hash = ?", [content_hash]).fetchone()
+        return row[0] if row else None
+
+    def _ensure_repo(self, name: str) -> int:
+        self.con.execute("INSERT INTO repos (name) VALUES (?) ON CONFLICT (name) DO NOTHING", [name])
+        return self.con.execute("SELECT repo_id FROM repos WHERE name = ?", [name]).fetchone()[0]
+
+    def _ensure_commit(self, repo_id: int, sha: str) -> int:
+        self.con.execute(
+            "INSERT INTO commits (repo_id, sha) VALUES (?, ?) ON CONFLICT (repo_id, sha) DO NOTHING",
+            [repo_id, sha],
+        )
+        return self.con.execute(
+            "SELECT commit_id FROM commits WHERE repo_id = ? AND sha = ?", [repo_id, sha]
+        ).fetchone()[0]
+
+    def insert_run(self, rec: RunRecord) -> tuple[int, bool]:
+        """Write a run and its tables in one transaction. Returns (run_id, created); a run
+        with the same content hash is not written again and its id is returned."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            existing = self.find_run_by_hash(rec.content_hash)
+            if existing is not None:
+                con.execute("ROLLBACK")
+                return existing, False
+            repo_id = self._ensure_repo(rec.repo) if rec.repo else None
+            commit_id = self._ensure_commit(repo_id, rec.commit) if rec.commit and repo_id is not None else None
+            run_id = con.execute(
+                "INSERT INTO runs (content_hash, repo_id, commit_id, variant, engine, workload,"
+                " device_name, peak_gbps, ranks, steps, step_method, step_ms_median, tok_per_s,"
+                " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
+                " source_path, manifest)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING run_id",
+                [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
+                 json.dumps(rec.workload) if rec.workload is not None else None,
+                 rec.device_name, rec.peak_gbps, rec.ranks, rec.steps, rec.step_method,
+                 rec.step_ms_median, rec.tok_per_s, rec.layers, rec.copy_share, rec.gpu_busy_share,
+                 rec.kernel_us_total, rec.kernels_from_cpu_ops, rec.source_path,
+                 json.dumps(rec.manifest) if rec.manifest is not None else None],
+            ).fetchone()[0]
+            steps = rec.step_table.assign(run_id=run_id)
+            cats = rec.step_categories.assign(run_id=run_id)
+            kernels = rec.kernel_stats.assign(run_id=run_id)
+            con.register("new_steps", steps)
+            con.register("new_cats", cats)
+            con.register("new_kernels", kernels)
+            con.execute(
+                "INSERT INTO steps (run_id, rank, step, wall_us, gpu_busy_us, kernel_us)"
+                " SELECT run_id, rank, step, wall_us, gpu_busy_us, kernel_us FROM new_steps"
+            )
+            con.execute(
+                "INSERT INTO step_categories (run_id, rank, step, category, dur_us)"
+                " SELECT run_id, rank, step, category, dur_us FROM new_cats"
+            )
+            con.execute(
+                "INSERT INTO kernel_stats (run_id, rank, name, category, launcher, source, calls,"
+                " calls_per_step, total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
+                " share, bytes_per_call, gbps, peak_fraction)"
+                " SELECT run_id, rank, name, category, launcher, source, calls, calls_per_step,"
+                " total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
+                " CASE WHEN isnan(share) THEN NULL ELSE share END,"
+                " CASE WHEN isnan(bytes_per_call) THEN NULL ELSE bytes_per_call END,"
+                " CASE WHEN isnan(gbps) THEN NULL ELSE gbps END,"
+                " CASE WHEN isnan(peak_fraction) THEN NULL ELSE peak_fraction END"
+                " FROM new_kernels"
+            )
+            for name in ("new_steps", "new_cats", "new_kernels"):
+                con.unregister(name)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return run_id, True
+
+    # -- reading ------------------------------------------------------------------------
+    def count_rows(self) -> dict[str, int]:
+        """Row counts of the data tables (used to prove a failed import wrote nothing)."""
+        return {
+            "runs": self.con.execute("SELECT count(*) FROM runs").fetchone()[0],
+            "steps": self.con.execute("SELECT count(*) FROM steps").fetchone()[0],
+            "step_categories": self.con.execute("SELECT count(*) FROM step_categories").fetchone()[0],
+            "kernel_stats": self.con.execute("SELECT count(*) FROM kernel_stats").fetchone()[0],
+            "repos": self.con.execute("SELECT count(*) FROM repos").fetchone()[0],
+            "commits": self.con.execute("SELECT count(*) FROM commits").fetchone()[0],
+        }
+
+    def get_run(self, run_id: int) -> dict[str, Any] | None:
+        cur = self.con.execute(
+            "SELECT r.run_id AS id, p.name AS repo, c.sha AS commit, r.variant, r.engine,"
+            " r.device_name AS device, r.peak_gbps, r.ranks, r.steps, r.step_method,"
+            " r.step_ms_median, r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share,"
+            " r.kernel_us_total, r.kernels_from_cpu_ops, r.source_path, r.workload"
+            " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+            " LEFT JOIN commits c ON c.commit_id = r.commit_id WHERE r.run_id = ?",
+            [run_id],
+        )
+        row = cur.fetchone()
+        if row is None:
+            return None
+        out = dict(zip([d[0] for d in cur.description], row))
+        out["workload"] = json.loads(out["workload"]) if out["workload"] else None
+        return out
+
+    def get_run_categories(self, run_id: int, rank: int = 0) -> pd.DataFrame:
+        """Per-category ms per step and share of kernel time, largest first."""
+        return self.con.execute(
+            "WITH per AS (SELECT category, sum(total_us) AS total_us FROM kernel_stats"
+            "  WHERE run_id = ? AND rank = ? GROUP BY category),"
+            " r AS (SELECT steps FROM runs WHERE run_id = ?)"
+            " SELECT category, total_us / r.steps / 1000.0 AS ms_per_step,"
+            "  total_us / nullif(sum(total_us) OVER (), 0) AS share"
+            " FROM per, r ORDER BY total_us DESC, category",
+            [run_id, rank, run_id],
+        ).df()
+
+    def get_kernel_stats(self, run_id: int, rank: int = 0, limit: int | None = None) -> pd.DataFrame:
+        return self.con.execute(
+            "SELECT name, category, launcher, source, calls, calls_per_step, total_us, mean_us,"
+            " median_us, p90_us, min_us, max_us, ms_per_step, share, bytes_per_call, gbps,"
+            " peak_fraction FROM kernel_stats WHERE run_id = ? AND rank = ?"
+            " ORDER BY total_us DESC, name LIMIT ?",
+            [run_id, rank, limit if limit is not None else 2**62],
+        ).df()
+
+    def get_steps(self, run_id: int, rank: int = 0) -> pd.DataFrame:
+        return self.con.execute(
+            "SELECT step, wall_us, gpu_busy_us, kernel_us FROM steps"
+            " WHERE run_id = ? AND rank = ? ORDER BY step",
+            [run_id, rank],
+        ).df()

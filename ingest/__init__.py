@@ -1,0 +1,1 @@
+"""stepwatch ingest: read torch.profiler traces into per-step, per-kernel figures."""

@@ -1,0 +1,309 @@
+"""Stages 2-5 of the trace pipeline: normalise -> link launches -> assign steps -> aggregate.
+
+Each stage is a pure function over arrays returning new data. The result for one trace file
+(one rank) is a `RankFigures`: per-kernel statistics, per-step figures and run totals.
+
+Terms: a *kernel* is a GPU activity (kernel, memcpy or memset); in a CPU-only trace the leaf CPU
+ops play that part. A kernel's *launcher* is the innermost CPU op around its runtime launch
+(found through the shared correlation id) or, for kernels replayed from a CUDA graph, the graph
+launch itself. Its *source* is the innermost Python frame around the launch that is outside
+torch, triton and the standard library, as `path/file.py(line): function`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .categories import COPY_CATEGORIES, Rule, categorise
+from .devices import find_peak_gbps
+from .errors import TraceError
+from .nesting import Nesting
+from .shapes import summarise_shape
+from .trace_read import KINDS, RawTrace
+
+K = {k: i for i, k in enumerate(KINDS)}
+_STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+_SPAN_NAME = re.compile(r"^step\[")
+_GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
+_SOURCE_LINE = re.compile(r"\.py\(\d+\): ")
+_NOT_USER_CODE = re.compile(r"(^|/)(torch|triton)/|(^|/)lib/python3\.\d+/(?!site-packages/)|^<")
+ACTIVITY = {K["kernel"]: "kernel", K["gpu_memcpy"]: "memcpy", K["gpu_memset"]: "memset", K["cpu_op"]: "cpu_op"}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """One row per kernel (GPU activity, or leaf CPU op in a CPU-only trace)."""
+
+    event: np.ndarray  # index into the RawTrace columns
+    ts_us: np.ndarray
+    dur_us: np.ndarray
+    query_ts_us: np.ndarray  # host-side time used to place it in a step (launch time)
+    launcher: np.ndarray  # object: launcher name or "" when unknown
+    source: np.ndarray  # object: Python source line or ""
+    bytes_per_call: np.ndarray  # float, NaN when unknown
+    dtypes_differ: np.ndarray  # bool
+    from_cpu_ops: bool
+
+
+@dataclass(frozen=True)
+class Steps:
+    method: str  # "profiler-step", "span", "graph-launch" or "given"
+    kernel_step: np.ndarray  # step number of each kernel, -1 outside every step
+    wall_us: np.ndarray  # per step
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    path: str
+    rank: int
+    device_name: str | None
+    peak_gbps: float | None
+    step_method: str
+    steps: int
+    kernels_from_cpu_ops: bool
+    kernel_us_total: float
+    copy_share: float | None
+    step_ms_median: float | None
+    gpu_busy_share: float | None
+    kernel_stats: pd.DataFrame
+    step_table: pd.DataFrame
+    step_categories: pd.DataFrame
+
+
+def find_rank(trace: RawTrace) -> int:
+    info = trace.header.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return info["rank"]
+    m = re.search(r"-TP-(\d+)|rank[-_]?(\d+)", Path(trace.path).name)
+    return int(m.group(1) or m.group(2)) if m else 0
+
+
+def find_device_name(trace: RawTrace) -> str | None:
+    props = trace.header.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        name = props[0].get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _python_sources(trace: RawTrace, frames: np.ndarray, q_thread: np.ndarray, q_ts: np.ndarray) -> np.ndarray:
+    """Source line (innermost user frame around each query), "" where none."""
+    out = np.full(len(q_ts), "", dtype=object)
+    if not len(frames) or not len(q_ts):
+        return out
+    names = np.asarray(trace.names, dtype=object)
+    nest = Nesting.build(trace.thread_id[frames], trace.ts_us[frames], trace.ts_us[frames] + trace.dur_us[frames])
+    fname_ids = trace.name_id[frames]
+    uniq = np.unique(fname_ids)
+    is_user = np.zeros(len(trace.names), bool)
+    is_user[uniq] = [bool(_SOURCE_LINE.search(n)) and not _NOT_USER_CODE.search(n) for n in names[uniq]]
+    user = is_user[fname_ids]
+    parent = nest.parents()
+    depth = nest.depth_of()
+    resolved = np.full(len(frames), -1, np.int64)
+    for d in range(1, int(depth.max()) + 1):
+        level = np.flatnonzero(depth == d)
+        inherited = np.where(parent[level] >= 0, resolved[np.maximum(parent[level], 0)], -1)
+        resolved[level] = np.where(user[level], level, inherited)
+    frame = nest.enclosing(q_thread, q_ts)
+    hit = frame >= 0
+    src = np.full(len(q_ts), -1, np.int64)
+    src[hit] = resolved[frame[hit]]
+    ok = src >= 0
+    out[ok] = names[fname_ids[src[ok]]]
+    return out
+
+
+def _shape_facts(trace: RawTrace, op_events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, dtypes_differ) of each op event (-1 for none), from its recorded shapes."""
+    facts = [summarise_shape(d, t) for d, t in trace.shapes]
+    shape_bytes = np.array([f[0] for f in facts] + [math.nan])
+    shape_mixed = np.array([f[1] for f in facts] + [False])
+    sid = np.where(op_events >= 0, trace.shape_id[np.maximum(op_events, 0)], -1)
+    return shape_bytes[sid], shape_mixed[sid]  # sid -1 picks the trailing "unknown" entry
+
+
+def link_kernels(trace: RawTrace) -> Kernels:
+    """Find every kernel's launch, launching op, Python source and the op's bytes."""
+    kind = trace.kind
+    names = np.asarray(trace.names, dtype=object)
+    frames = np.flatnonzero(kind == K["python_function"])
+    ops = np.flatnonzero(kind == K["cpu_op"])
+    gpu = np.flatnonzero((kind == K["kernel"]) | (kind == K["gpu_memcpy"]) | (kind == K["gpu_memset"]))
+    op_nest = Nesting.build(trace.thread_id[ops], trace.ts_us[ops], trace.ts_us[ops] + trace.dur_us[ops])
+
+    if len(gpu) == 0:
+        if len(ops) == 0:
+            raise TraceError(trace.path, "has no GPU kernels and no CPU ops to measure")
+        # CPU-only trace: every CPU op plays a kernel, timed by its self time (its duration less
+        # its child ops'), so leaf ops count whole and a heavy parent such as aten::mm keeps the
+        # time it spent itself; this is what key_averages() calls self CPU time.
+        parent = op_nest.parents()
+        child_us = np.bincount(parent[parent >= 0], weights=trace.dur_us[ops][parent >= 0], minlength=len(ops))
+        self_us = np.maximum(trace.dur_us[ops] - child_us, 0.0)
+        order = np.argsort(trace.ts_us[ops], kind="stable")
+        ev = ops[order]
+        nbytes, mixed = _shape_facts(trace, ev)
+        source = _python_sources(trace, frames, trace.thread_id[ev], trace.ts_us[ev])
+        return Kernels(ev, trace.ts_us[ev], self_us[order], trace.ts_us[ev], names[trace.name_id[ev]],
+                       source, nbytes, mixed, True)
+
+    gpu = gpu[np.argsort(trace.ts_us[gpu], kind="stable")]
+    launches = np.flatnonzero(((kind == K["cuda_runtime"]) | (kind == K["cuda_driver"])) & (trace.correlation >= 0))
+    launches = launches[np.argsort(trace.correlation[launches], kind="stable")]
+    lcorr = trace.correlation[launches]
+    kcorr = trace.correlation[gpu]
+    j = np.searchsorted(lcorr, kcorr)
+    linked = (j < len(lcorr)) & (kcorr >= 0)
+    linked[linked] = lcorr[j[linked]] == kcorr[linked]
+    launch = np.where(linked, launches[np.minimum(j, len(launches) - 1)], -1)
+
+    lthread = trace.thread_id[np.maximum(launch, 0)]
+    lts = trace.ts_us[np.maximum(launch, 0)]
+    op_pos = np.full(len(gpu), -1, np.int64)
+    op_pos[linked] = op_nest.enclosing(lthread[linked], lts[linked])
+    op_event = np.where(op_pos >= 0, ops[np.maximum(op_pos, 0)], -1)
+
+    launch_name = np.where(linked, names[trace.name_id[np.maximum(launch, 0)]], "")
+    from_graph = np.array([bool(_GRAPH_LAUNCH.match(n)) for n in launch_name], bool) if len(gpu) else np.zeros(0, bool)
+    launcher = np.where(op_event >= 0, names[trace.name_id[np.maximum(op_event, 0)]], launch_name)
+    launcher = np.where(from_graph, launch_name, launcher)
+    op_event = np.where(from_graph, -1, op_event)
+
+    nbytes, mixed = _shape_facts(trace, op_event)
+    # bytes are the op's: only meaningful for a kernel that is its op's only kernel
+    per_op = np.bincount(np.maximum(op_event, 0), minlength=len(kind))
+    sole = (op_event >= 0) & (per_op[np.maximum(op_event, 0)] == 1)
+    nbytes = np.where(sole, nbytes, math.nan)
+
+    source = np.full(len(gpu), "", dtype=object)
+    source[linked] = _python_sources(trace, frames, lthread[linked], lts[linked])
+    query = np.where(linked, lts, trace.ts_us[gpu])
+    return Kernels(gpu, trace.ts_us[gpu], trace.dur_us[gpu], query, launcher.astype(object), source,
+                   nbytes, mixed, False)
+
+
+def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> Steps:
+    """Place each kernel in a decode step: ProfilerStep#N annotations, else SGLang's step[...]
+    spans, else one cudaGraphLaunch per step, else `given_steps` equal runs of kernels."""
+    names = trace.names
+    ann = np.flatnonzero(trace.kind == K["user_annotation"])
+    for method, pattern in (("profiler-step", _STEP_NAME), ("span", _SPAN_NAME)):
+        hit = ann[[bool(pattern.match(names[i])) for i in trace.name_id[ann]]] if len(ann) else ann
+        if len(hit):
+            hit = hit[np.argsort(trace.ts_us[hit], kind="stable")]
+            start = trace.ts_us[hit]
+            end = start + trace.dur_us[hit]
+            idx = np.searchsorted(start, kernels.query_ts_us, "right") - 1
+            inside = (idx >= 0) & (kernels.query_ts_us <= end[np.maximum(idx, 0)])
+            return Steps(method, np.where(inside, idx, -1), trace.dur_us[hit].copy())
+
+    launch_kinds = (trace.kind == K["cuda_runtime"]) | (trace.kind == K["cuda_driver"])
+    cand = np.flatnonzero(launch_kinds)
+    graph = cand[[bool(_GRAPH_LAUNCH.match(names[i])) for i in trace.name_id[cand]]] if len(cand) else cand
+    if len(graph) and not kernels.from_cpu_ops:
+        graph = graph[np.argsort(trace.ts_us[graph], kind="stable")]
+        start = trace.ts_us[graph]
+        idx = np.searchsorted(start, kernels.query_ts_us, "right") - 1
+        wall = np.empty(len(graph))
+        wall[:-1] = np.diff(start)
+        last = idx == len(graph) - 1
+        end_last = (kernels.ts_us[last] + kernels.dur_us[last]).max() if last.any() else start[-1]
+        wall[-1] = max(end_last - start[-1], 0.0)
+        return Steps("graph-launch", idx, wall)
+
+    if given_steps is None:
+        raise TraceError(trace.path, "has no steps: no ProfilerStep#N annotations and no cudaGraphLaunch; "
+                                     "pass the number of profiled steps with --steps N")
+    if given_steps <= 0 or given_steps > len(kernels.ts_us):
+        raise TraceError(trace.path, f"--steps {given_steps} does not fit its {len(kernels.ts_us)} kernels")
+    parts = np.array_split(np.arange(len(kernels.ts_us)), given_steps)
+    step = np.empty(len(kernels.ts_us), np.int64)
+    wall = np.empty(given_steps)
+    end = kernels.ts_us + kernels.dur_us
+    for n, p in enumerate(parts):
+        step[p] = n
+        wall[n] = end[p].max() - kernels.ts_us[p].min()
+    return Steps("given", step, wall)
+
+
+def _busy_us(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of intervals."""
+    if not len(start):
+        return 0.0
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], end[o]
+    reach = np.maximum.accumulate(e)
+    prev = np.r_[-np.inf, reach[:-1]]
+    return float(np.sum(np.clip(e - np.maximum(s, prev), 0, None) * (e > prev)))
+
+
+def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]) -> RankFigures:
+    names = np.asarray(trace.names, dtype=object)
+    kname = names[trace.name_id[kernels.event]]
+    activity = np.array([ACTIVITY[k] for k in trace.kind[kernels.event]], dtype=object)
+    combos = pd.DataFrame({"name": kname, "launcher": kernels.launcher, "activity": activity,
+                           "mixed": kernels.dtypes_differ})
+    uniq = combos.drop_duplicates()
+    cat_of = {tuple(r): categorise(rules, *r) for r in uniq.itertuples(index=False, name=None)}
+    category = np.array([cat_of[t] for t in combos.itertuples(index=False, name=None)], dtype=object)
+
+    n_steps = len(steps.wall_us)
+    dur = kernels.dur_us
+    total_us = float(dur.sum())
+    frame = pd.DataFrame({"name": kname, "category": category, "launcher": kernels.launcher,
+                          "source": kernels.source, "dur_us": dur, "bytes": kernels.bytes_per_call})
+    g = frame.groupby(["name", "category", "launcher", "source"], sort=False, dropna=False)
+    stats = g["dur_us"].agg(calls="count", total_us="sum", mean_us="mean", median_us="median",
+                            min_us="min", max_us="max")
+    stats["p90_us"] = g["dur_us"].quantile(0.9)
+    known = g["bytes"].agg(bytes_known="count", bytes_per_call="median")
+    stats = stats.join(known).reset_index()
+    # bytes only when every call of the group had them (else the figure would mislead)
+    stats.loc[stats["bytes_known"] < stats["calls"], "bytes_per_call"] = math.nan
+    stats = stats.drop(columns="bytes_known")
+    stats["calls_per_step"] = stats["calls"] / n_steps
+    stats["ms_per_step"] = stats["total_us"] / n_steps / 1e3
+    stats["share"] = stats["total_us"] / total_us if total_us > 0 else math.nan
+    stats["gbps"] = stats["bytes_per_call"] / stats["mean_us"] / 1e3
+    peak = find_peak_gbps(find_device_name(trace)) if not kernels.from_cpu_ops else None
+    stats["peak_fraction"] = stats["gbps"] / peak if peak else math.nan
+    stats = stats.sort_values(["total_us", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
+
+    in_step = steps.kernel_step >= 0
+    busy = np.zeros(n_steps)
+    kern_us = np.bincount(steps.kernel_step[in_step], weights=dur[in_step], minlength=n_steps)
+    order = np.argsort(steps.kernel_step, kind="stable")
+    bounds = np.searchsorted(steps.kernel_step[order], np.arange(n_steps + 1))
+    for s in range(n_steps):
+        sel = order[bounds[s]:bounds[s + 1]]
+        busy[s] = math.nan if kernels.from_cpu_ops else _busy_us(kernels.ts_us[sel], kernels.ts_us[sel] + dur[sel])
+    step_table = pd.DataFrame({"step": np.arange(n_steps), "wall_us": steps.wall_us,
+                               "gpu_busy_us": busy, "kernel_us": kern_us})
+    step_cats = (pd.DataFrame({"step": steps.kernel_step[in_step], "category": category[in_step],
+                               "dur_us": dur[in_step]})
+                 .groupby(["step", "category"], as_index=False)["dur_us"].sum())
+
+    copy_us = float(dur[np.isin(category, COPY_CATEGORIES)].sum())
+    wall_total = float(steps.wall_us.sum())
+    return RankFigures(
+        path=trace.path, rank=find_rank(trace), device_name=find_device_name(trace), peak_gbps=peak,
+        step_method=steps.method, steps=n_steps, kernels_from_cpu_ops=kernels.from_cpu_ops,
+        kernel_us_total=total_us,
+        copy_share=copy_us / total_us if total_us > 0 else None,
+        step_ms_median=float(np.median(steps.wall_us)) / 1e3 if n_steps else None,
+        gpu_busy_share=float(busy.sum()) / wall_total if wall_total > 0 and not kernels.from_cpu_ops else None,
+        kernel_stats=stats, step_table=step_table, step_categories=step_cats,
+    )
+
+
+def analyse_trace(trace: RawTrace, rules: list[Rule], given_steps: int | None = None) -> RankFigures:
+    kernels = link_kernels(trace)
+    steps = assign_steps(trace, kernels, given_steps)
+    return aggregate(trace, kernels, steps, rules)

@@ -1,0 +1,86 @@
+"""A run's figures as a readable table or as one JSON object (`python -m ingest report`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from db.store import Store
+
+from .errors import IngestError
+
+KERNEL_FIELDS = ["name", "category", "launcher", "source", "calls", "calls_per_step", "total_us",
+                 "mean_us", "median_us", "ms_per_step", "share", "bytes_per_call", "gbps", "peak_fraction"]
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready: NaN and None become None, numpy scalars plain Python, '' stays ''."""
+    if value is None:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _records(frame: pd.DataFrame, fields: list[str]) -> list[dict]:
+    return [{f: _clean(v) for f, v in zip(fields, row)} for row in frame[fields].itertuples(index=False)]
+
+
+def build_report(store: Store, run_id: int, rank: int = 0) -> dict:
+    run = store.get_run(run_id)
+    if run is None:
+        raise IngestError(f"{store.path}: no run with id {run_id}")
+    cats = store.get_run_categories(run_id, rank)
+    kernels = store.get_kernel_stats(run_id, rank)
+    for f in ("launcher", "source"):  # '' in the table means unknown
+        kernels[f] = kernels[f].where(kernels[f] != "", None)
+    return {
+        "run": {k: _clean(run[k]) for k in ("id", "repo", "commit", "variant", "device", "steps",
+                                             "step_method", "step_ms_median", "tok_per_s")}
+               | {"layers": _clean(run["layers"]), "ranks": run["ranks"], "rank": rank,
+                  "kernels_from_cpu_ops": run["kernels_from_cpu_ops"]},
+        "copy_share": _clean(run["copy_share"]),
+        "categories": _records(cats, ["category", "ms_per_step", "share"]),
+        "kernels": _records(kernels, KERNEL_FIELDS),
+    }
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _short(text: str | None, width: int) -> str:
+    text = text or "-"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_report(report: dict, top: int = 15) -> str:
+    r = report["run"]
+    unit = "CPU op" if r["kernels_from_cpu_ops"] else "kernel"
+    lines = [
+        f"run {r['id']}  {r['repo'] or '-'} @ {(r['commit'] or '-')[:12]}  variant {r['variant'] or '-'}",
+        f"device {r['device'] or '-'}  steps {r['steps']} ({r['step_method']})  rank {r['rank']} of {r['ranks']}",
+        f"step {_fmt(r['step_ms_median'], '.3f')} ms (median)  tok/s {_fmt(r['tok_per_s'], '.2f')}"
+        f"  copy share {_fmt(report['copy_share'] and 100 * report['copy_share'], '.1f')} %",
+        "",
+        f"{'category':<14}{'ms/step':>10}{'share':>8}",
+    ]
+    for c in report["categories"]:
+        lines.append(f"{c['category']:<14}{c['ms_per_step']:>10.3f}{100 * (c['share'] or 0):>7.1f}%")
+    lines += ["", f"{'share':>6} {'ms/step':>8} {'calls/st':>8} {'mean us':>9} {'GB/s':>7} {'%peak':>6}  "
+                  f"{'category':<12}{'launcher':<22}{unit + ' (source)'}"]
+    for k in report["kernels"][:top]:
+        peak = k["peak_fraction"] and 100 * k["peak_fraction"]
+        lines.append(
+            f"{100 * (k['share'] or 0):>5.1f}% {k['ms_per_step']:>8.3f} {k['calls_per_step']:>8.2f}"
+            f" {k['mean_us']:>9.1f} {_fmt(k['gbps'], '7.0f'):>7} {_fmt(peak, '5.1f'):>6}  "
+            f"{k['category']:<12}{_short(k['launcher'], 21):<22}{_short(k['name'], 90)}"
+            + (f"\n{'':>60}{_short(k['source'], 90)}" if k["source"] else "")
+        )
+    if len(report["kernels"]) > top:
+        lines.append(f"... {len(report['kernels']) - top} more (--json for all)")
+    return "\n".join(lines)
