@@ -145,9 +145,24 @@ def link_kernels(trace: RawTrace) -> Kernels:
         # its child ops'), so leaf ops count whole and a heavy parent such as aten::mm keeps the
         # time it spent itself; this is what key_averages() calls self CPU time.
         parent = op_nest.parents()
-        child_us = np.bincount(parent[parent >= 0], weights=trace.dur_us[ops][parent >= 0], minlength=len(ops))
+        has_parent = parent >= 0
+        child_us = np.bincount(parent[has_parent], weights=trace.dur_us[ops][has_parent], minlength=len(ops))
         self_us = np.maximum(trace.dur_us[ops] - child_us, 0.0)
-        order = np.argsort(trace.ts_us[ops], kind="stable")
+        # Like key_averages(), fold an op into a same-named parent whose only child it is
+        # (dispatcher overloads such as aten::sum -> aten::sum): one call, self time kept.
+        op_name = trace.name_id[ops]
+        n_children = np.bincount(parent[has_parent], minlength=len(ops))
+        safe_parent = np.maximum(parent, 0)
+        dup = has_parent & (op_name[safe_parent] == op_name) & (n_children[safe_parent] == 1)
+        target = np.where(dup, parent, np.arange(len(ops)))
+        while True:
+            nxt = target[target]
+            if np.array_equal(nxt, target):
+                break
+            target = nxt
+        self_us = np.bincount(target, weights=self_us, minlength=len(ops))
+        keep = np.flatnonzero(~dup)
+        order = keep[np.argsort(trace.ts_us[ops[keep]], kind="stable")]
         ev = ops[order]
         nbytes, mixed = _shape_facts(trace, ev)
         source = _python_sources(trace, frames, trace.thread_id[ev], trace.ts_us[ev])

@@ -192,8 +192,9 @@ def _describe_validation(message: str, first_index: int) -> str:
     if not m:
         return f"wrong type in an event: {what}"
     index = first_index + int(m.group(1))
-    fld = m.group(2).lstrip(".") or "(the event itself)"
-    return f"traceEvents[{index}] field '{fld}': {what.replace('`', '')}"
+    fld = m.group(2).lstrip(".")
+    where = f"traceEvents[{index}] field '{fld}'" if fld else f"traceEvents[{index}]"
+    return f"{where}: {what.replace('`', '')}"
 
 
 def _iter_pieces(stream: BinaryIO, path: Path, buf: bytes) -> Iterator[tuple[bytes, bool]]:
