@@ -1,0 +1,285 @@
+"""The SGLang patch in kernels/patches/ applies to sglang 0.5.23 and carries stepwatch's kernel.
+
+The sources come from the sglang 0.5.23 wheel (it ships its Python files): it is downloaded
+once with pip into ~/.cache/stepwatch/ (or $STEPWATCH_CACHE), or taken from
+$STEPWATCH_SGLANG_WHEEL. Without a network the download tests skip; any other failure fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import py_compile
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import urllib.parse
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PATCH = ROOT / "kernels" / "patches" / "sglang-0.5.23-mla-gather-then-cast.patch"
+KV_CAST = ROOT / "kernels" / "kv_cast.py"
+SGLANG_VERSION = "0.5.23"
+NEW_MODULE = "python/sglang/srt/layers/attention/mla_kv_cast.py"
+FLASHINFER_MLA = "python/sglang/srt/layers/attention/flashinfer_mla_backend.py"
+FLASHATTENTION = "python/sglang/srt/layers/attention/flashattention_backend.py"
+WHOLE_POOL_CAST = "get_key_buffer(layer.layer_id).to(q.dtype)"
+# Functions of kernels/kv_cast.py that the patch's new module copies verbatim.
+SHARED_FUNCTIONS = ("_fp8_to_bf16", "_gather_cast_kernel", "_launch_gather")
+
+# pip's messages when no index can be reached (DNS, refused or reset connections, proxies).
+_OFFLINE = re.compile(
+    r"Network is unreachable|Temporary failure in name resolution|Name or service not known"
+    r"|Failed to establish a new connection|Connection refused|Connection reset|ConnectTimeout"
+    r"|ReadTimeout|timed out|NewConnectionError|ProxyError|No route to host"
+    r"|nodename nor servname|getaddrinfo failed",
+    re.IGNORECASE,
+)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("STEPWATCH_CACHE", Path.home() / ".cache" / "stepwatch"))
+
+
+def _find_wheel(folder: Path) -> Path | None:
+    wheels = sorted(folder.glob(f"sglang-{SGLANG_VERSION}-*.whl")) if folder.is_dir() else []
+    return wheels[0] if wheels else None
+
+
+def _index_url() -> str:
+    url = os.environ.get("PIP_INDEX_URL")
+    if not url:
+        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                                capture_output=True, text=True).stdout
+        match = re.search(r"index-url='([^']+)'", listed)
+        url = match.group(1) if match else "https://pypi.org/simple"
+    return url
+
+
+def _index_reachable() -> bool:
+    """Whether a TCP connection to pip's index opens (pip may report an unreachable index
+    only as 'No matching distribution found')."""
+    url = urllib.parse.urlsplit(_index_url())
+    if url.scheme == "file" or not url.hostname:
+        return True
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=10).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def sglang_wheel() -> Path:
+    explicit = os.environ.get("STEPWATCH_SGLANG_WHEEL")
+    if explicit:
+        return Path(explicit)
+    cache = _cache_dir()
+    wheel = _find_wheel(cache)
+    if wheel is not None:
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    # The one wheel published for 0.5.23 (CPython 3.11, manylinux x86_64), whatever runs the test.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
+           "--implementation", "cp", "--abi", "cp311", "-d", str(cache), f"sglang=={SGLANG_VERSION}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"pip download sglang=={SGLANG_VERSION} timed out: network too slow or unreachable")
+    output = proc.stdout + proc.stderr
+    wheel = _find_wheel(cache)
+    if proc.returncode == 0 and wheel is not None:
+        return wheel
+    offline = _OFFLINE.search(output)
+    if offline or not _index_reachable():
+        reason = offline.group(0) if offline else f"cannot connect to {_index_url()}"
+        pytest.skip(f"cannot download sglang=={SGLANG_VERSION}: network unreachable ({reason})")
+    pytest.fail(f"pip download sglang=={SGLANG_VERSION} failed (exit {proc.returncode}):\n"
+                f"{output[-3000:]}")
+
+
+def _patched_paths(patch_text: str) -> tuple[list[str], list[str]]:
+    """(paths the patch modifies, paths it creates), relative to the checkout root."""
+    modified, created = [], []
+    for old, new in re.findall(r"^--- (\S+)\n\+\+\+ (\S+)$", patch_text, flags=re.M):
+        if old == "/dev/null":
+            created.append(new.removeprefix("b/"))
+        else:
+            modified.append(old.removeprefix("a/"))
+    return modified, created
+
+
+@pytest.fixture(scope="module")
+def sglang_tree(sglang_wheel: Path, tmp_path_factory) -> Path:
+    """sglang's attention sources and every file the patch touches, as python/sglang/... in a git repo."""
+    root = tmp_path_factory.mktemp("sglang-src")
+    modified, _ = _patched_paths(PATCH.read_text())
+    wanted = {p.removeprefix("python/") for p in modified}
+    with zipfile.ZipFile(sglang_wheel) as whl:
+        names = whl.namelist()
+        members = [n for n in names
+                   if re.fullmatch(r"sglang/srt/layers/attention/[^/]+\.py", n) or n in wanted]
+        missing = wanted - set(names)
+        assert not missing, f"the sglang {SGLANG_VERSION} wheel lacks files the patch edits: {missing}"
+        for name in members:
+            dest = root / "python" / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(whl.read(name))
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    return root
+
+
+def _git_apply(tree: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "apply", "-p1", *extra, str(PATCH)], cwd=tree,
+                          capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def patched_tree(sglang_tree: Path, tmp_path_factory) -> Path:
+    tree = tmp_path_factory.mktemp("sglang-patched")
+    shutil.copytree(sglang_tree, tree, dirs_exist_ok=True)
+    check = _git_apply(tree, "--check")
+    assert check.returncode == 0, f"git apply --check failed:\n{check.stderr}"
+    applied = _git_apply(tree)
+    assert applied.returncode == 0, f"git apply failed:\n{applied.stderr}"
+    return tree
+
+
+def _function_source(source: str, name: str, cls: str | None = None) -> str:
+    """Dedented text of function `name` (decorators included), optionally inside class `cls`."""
+    tree = ast.parse(source)
+    scopes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls] if cls else [tree]
+    lines = source.splitlines()
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                return textwrap.dedent("\n".join(lines[start - 1 : node.end_lineno]))
+    raise LookupError(f"no function {name!r}" + (f" in class {cls!r}" if cls else ""))
+
+
+def _new_file_from_patch(patch_text: str, path: str) -> str:
+    """The content of a file the patch creates, rebuilt from its '+' lines."""
+    match = re.search(rf"^diff --git a/{re.escape(path)} b/{re.escape(path)}\n(.*?)(?=^diff --git |\Z)",
+                      patch_text, flags=re.M | re.S)
+    assert match, f"the patch does not create {path}"
+    body = match.group(1)
+    assert "new file mode" in body.split("@@", 1)[0], f"{path} is not a new file in the patch"
+    hunks = body.split("\n@@", 1)[1].split("\n", 1)[1]
+    return "".join(line[1:] + "\n" for line in hunks.splitlines() if line.startswith("+"))
+
+
+def test_patch_header_states_what_was_and_was_not_verified():
+    text = PATCH.read_text()
+    header = text.split("diff --git ", 1)[0]
+    assert "What was verified" in header and "What was NOT verified" in header
+    assert "end-to-end" in header and "BENCHMARKS.md" in header
+    modified, created = _patched_paths(text)
+    assert set(modified) == {FLASHINFER_MLA, FLASHATTENTION}
+    assert created == [NEW_MODULE]
+
+
+def test_patch_applies_cleanly_and_compiles(patched_tree: Path):
+    modified, created = _patched_paths(PATCH.read_text())
+    for rel in modified + created:
+        path = patched_tree / rel
+        assert path.is_file(), rel
+        py_compile.compile(str(path), cfile=str(path) + "c", doraise=True)
+    assert (patched_tree / NEW_MODULE).read_text() == _new_file_from_patch(PATCH.read_text(), NEW_MODULE)
+
+
+def test_patch_removes_whole_pool_cast_from_mla_decode(sglang_tree: Path, patched_tree: Path):
+    cases = [(FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_decode", "gather_cast_mla_kv_rows"),
+             (FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_extend", "gather_cast_mla_kv_rows"),
+             (FLASHATTENTION, "FlashAttentionBackend", "forward_decode", "gather_cast_mla_kv_pages"),
+             (FLASHATTENTION, "FlashAttentionBackend", "forward_extend", "gather_cast_mla_kv_pages")]
+    for rel, cls, fn, helper in cases:
+        before = _function_source((sglang_tree / rel).read_text(), fn, cls)
+        after = _function_source((patched_tree / rel).read_text(), fn, cls)
+        flat_before = re.sub(r"\s+", "", before)
+        assert re.sub(r"\s+", "", WHOLE_POOL_CAST) in flat_before, f"{rel} {fn}: nothing to patch?"
+        assert re.sub(r"\s+", "", WHOLE_POOL_CAST) not in re.sub(r"\s+", "", after), f"{rel} {fn}"
+        assert helper in after, f"{rel} {fn} does not call {helper}"
+        # The fallback for pools that are not FP8 stays.
+        assert ".to(q.dtype)" in after
+
+
+def test_patch_kernel_is_kv_cast_verbatim():
+    """The patch's new module copies kernels/kv_cast.py's gather-cast kernel and launcher."""
+    if not KV_CAST.is_file():
+        pytest.skip("kernels/kv_cast.py does not exist: nothing to compare the patch's kernel with")
+    ours = KV_CAST.read_text()
+    absent = [f for f in SHARED_FUNCTIONS if not re.search(rf"^\s*def {f}\(", ours, flags=re.M)]
+    if absent:
+        pytest.skip(f"kernels/kv_cast.py lacks {absent}: nothing to compare the patch's kernel with")
+    module = _new_file_from_patch(PATCH.read_text(), NEW_MODULE)
+    assert "----- begin: verbatim from stepwatch kernels/kv_cast.py -----" in module
+    for name in SHARED_FUNCTIONS:
+        assert _function_source(module, name) == _function_source(ours, name), (
+            f"{name} in {NEW_MODULE} (inside the patch) differs from kernels/kv_cast.py: "
+            "copy kv_cast.py's version into the patch's verbatim block")
+    # The rows entry point launches the shared kernel with SAME_ROWS (out[rows[i]] = ...).
+    entry = _function_source(module, "cast_rows_fp8_to_bf16")
+    assert "_launch_gather(" in entry and "same_rows=True" in entry
+
+
+_KERNEL_CHECK = r'''
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("mla_kv_cast", sys.argv[1])
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+dev = sys.argv[2]
+torch.manual_seed(0)
+
+def same(a, b):  # bit-exact, NaN where NaN
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+N, D = 1024, 576
+pool = torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, device=dev)
+ref = pool.view(torch.float8_e4m3fn).to(torch.bfloat16)
+rows = torch.randperm(N, device=dev)[:300].to(torch.int32)
+buf = torch.cat([rows, torch.randint(0, N, (200,), dtype=torch.int32, device=dev)])  # stale tail
+out = torch.zeros(N, 1, D, dtype=torch.bfloat16, device=dev)
+m.cast_rows_fp8_to_bf16(pool, buf, torch.tensor([300], dtype=torch.int32, device=dev), out)
+r = rows.long()
+assert same(out[r], ref[r]), "rows: wrong values"
+keep = torch.ones(N, dtype=torch.bool, device=dev); keep[r] = False
+assert (out[keep] == 0).all(), "rows: touched rows past n_active"
+
+ps = 4
+table = torch.randint(0, N // ps, (3, 50), dtype=torch.int32, device=dev)
+seq = torch.tensor([7, 0, 101], dtype=torch.int32, device=dev)
+out = torch.zeros(N, 1, D, dtype=torch.bfloat16, device=dev)
+m.cast_pages_fp8_to_bf16(pool.view(torch.float8_e4m3fn), table, seq, ps, out)
+touched = torch.zeros(N // ps, dtype=torch.bool, device=dev)
+for b in range(3):
+    touched[table[b, : (int(seq[b]) + ps - 1) // ps].long()] = True
+o, rf = out.view(N // ps, -1), ref.view(N // ps, -1)
+assert same(o[touched], rf[touched]), "pages: wrong values"
+assert (o[~touched] == 0).all(), "pages: touched pages no request reads"
+print("ok")
+'''
+
+
+def test_patch_kernels_against_torch(tmp_path: Path):
+    """The new module's kernels, run as Triton (on CUDA if present, else Triton's CPU interpreter)."""
+    pytest.importorskip("triton", reason="triton is not installed: the patch's kernels cannot run")
+    torch = pytest.importorskip("torch")
+    module = tmp_path / "mla_kv_cast.py"
+    module.write_text(_new_file_from_patch(PATCH.read_text(), NEW_MODULE))
+    script = tmp_path / "check.py"
+    script.write_text(_KERNEL_CHECK)
+    env = dict(os.environ)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, str(script), str(module), device], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
