@@ -32,6 +32,8 @@ _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _SPAN_NAME = re.compile(r"^step\[")
 _GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
 _SOURCE_LINE = re.compile(r"\.py\(\d+\): ")
+# ops that touch only part of their inputs: their input bytes say nothing about traffic
+_PARTIAL_ACCESS = re.compile(r"index|gather|scatter|embedding|select|slice|narrow|masked|take|put_")
 _NOT_USER_CODE = re.compile(r"(^|/)(torch|triton)/|(^|/)lib/python3\.\d+/(?!site-packages/)|^<")
 ACTIVITY = {K["kernel"]: "kernel", K["gpu_memcpy"]: "memcpy", K["gpu_memset"]: "memset", K["cpu_op"]: "cpu_op"}
 
@@ -125,8 +127,13 @@ def _shape_facts(trace: RawTrace, op_events: np.ndarray) -> tuple[np.ndarray, np
     facts = [summarise_shape(d, t) for d, t in trace.shapes]
     shape_bytes = np.array([f[0] for f in facts] + [math.nan])
     shape_mixed = np.array([f[1] for f in facts] + [False])
-    sid = np.where(op_events >= 0, trace.shape_id[np.maximum(op_events, 0)], -1)
-    return shape_bytes[sid], shape_mixed[sid]  # sid -1 picks the trailing "unknown" entry
+    safe = np.maximum(op_events, 0)
+    sid = np.where(op_events >= 0, trace.shape_id[safe], -1)
+    nbytes, mixed = shape_bytes[sid], shape_mixed[sid]  # sid -1 picks the trailing "unknown" entry
+    names = trace.names
+    partial = np.array([bool(_PARTIAL_ACCESS.search(names[i])) for i in range(len(names))] + [False])
+    nbytes = np.where(partial[np.where(op_events >= 0, trace.name_id[safe], -1)], math.nan, nbytes)
+    return nbytes, mixed
 
 
 def link_kernels(trace: RawTrace) -> Kernels:
@@ -183,7 +190,8 @@ def link_kernels(trace: RawTrace) -> Kernels:
     lts = trace.ts_us[np.maximum(launch, 0)]
     op_pos = np.full(len(gpu), -1, np.int64)
     op_pos[linked] = op_nest.enclosing(lthread[linked], lts[linked])
-    op_event = np.where(op_pos >= 0, ops[np.maximum(op_pos, 0)], -1)
+    op_event = ops[op_pos] if len(ops) else np.full(len(gpu), -1, np.int64)
+    op_event[op_pos < 0] = -1
 
     launch_name = np.where(linked, names[trace.name_id[np.maximum(launch, 0)]], "")
     from_graph = np.array([bool(_GRAPH_LAUNCH.match(n)) for n in launch_name], bool) if len(gpu) else np.zeros(0, bool)
@@ -288,6 +296,11 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     stats["share"] = stats["total_us"] / total_us if total_us > 0 else math.nan
     stats["gbps"] = stats["bytes_per_call"] / stats["mean_us"] / 1e3
     peak = find_peak_gbps(find_device_name(trace)) if not kernels.from_cpu_ops else None
+    if peak:
+        # an estimate above the device's peak cannot be the real traffic (the op did not read
+        # all of its inputs): say "unknown" rather than print an impossible bandwidth
+        impossible = stats["gbps"] > 1.05 * peak
+        stats.loc[impossible, ["bytes_per_call", "gbps"]] = math.nan
     stats["peak_fraction"] = stats["gbps"] / peak if peak else math.nan
     stats = stats.sort_values(["total_us", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
 

@@ -256,6 +256,7 @@ def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, wa
                    "key_averages": KEY_AVERAGES_NAME},
         )
         write_bundle(tmp, manifest)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
         if out.exists():
             out.rmdir()  # empty, checked above
         os.rename(tmp, out)

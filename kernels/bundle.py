@@ -67,6 +67,7 @@ def write_bundle(directory: str | os.PathLike, manifest: Manifest) -> Path:
             raise BundleError(f"{directory}: trace {name!r} named in the manifest is missing")
     body = {"format": FORMAT, "version": VERSION, **asdict(manifest)}
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # mkstemp makes it private; a bundle is meant to be shared
     with os.fdopen(fd, "w") as f:
         json.dump(body, f, indent=2, sort_keys=True)
         f.write("\n")

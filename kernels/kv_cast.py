@@ -27,9 +27,12 @@ except ImportError:  # pragma: no cover - depends on the machine
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
 
-# Launch parameters; kernels.gpu_suite may replace them with the best of a small sweep.
-CAST_CONFIG = {"BLOCK": 8192, "num_warps": 8}
-GATHER_CONFIG = {"ROWS": 64, "BLOCK_D": 64, "num_warps": 4}
+# Launch parameters; kernels.gpu_suite re-checks them with a small sweep on each run.
+# Whole-buffer cast: 4096 elements per program, 4 warps (97 % of copy bandwidth on the H200).
+CAST_CONFIG = {"BLOCK": 4096, "num_warps": 4}
+# Gather: whole rows, 8 per program, 4 warps: the best of a sweep on the H200 (kernels/tune_gather.py,
+# kernels/BENCHMARKS.md): 80 % of copy bandwidth at 64K random rows, 90 % at 256K.
+GATHER_CONFIG = {"ROWS": 8, "num_warps": 4}
 
 
 if HAS_TRITON:
@@ -64,11 +67,15 @@ if HAS_TRITON:
         HAS_N_ACTIVE: tl.constexpr,
         SAME_ROWS: tl.constexpr,
         ROWS: tl.constexpr,
-        BLOCK_D: tl.constexpr,
+        MAIN: tl.constexpr,
+        TAIL: tl.constexpr,
     ):
         """out[j] = bf16(pool[rows[i]]) for i < n_active, j = rows[i] if SAME_ROWS else i.
 
-        Program (r, d) handles ROWS row indices and BLOCK_D columns of each row.
+        Each program moves ROWS whole rows: columns [0, MAIN) as one tile (MAIN, a power of
+        two, <= dim) and [MAIN, dim) as a TAIL-wide masked tile, so a 576-wide MLA row is a
+        512 + 64 pair with no idle lanes. Programs past n_active (read from device memory)
+        return at once, which keeps a captured CUDA graph valid for any active count.
         """
         if HAS_N_ACTIVE:
             n = tl.minimum(tl.load(n_active_ptr).to(tl.int64), n_rows)
@@ -77,16 +84,20 @@ if HAS_TRITON:
         first = tl.program_id(0).to(tl.int64) * ROWS
         if first < n:
             i = first + tl.arange(0, ROWS)
-            row_mask = i < n
-            r = tl.load(rows_ptr + i, mask=row_mask, other=0).to(tl.int64)
-            d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-            mask = row_mask[:, None] & (d < dim)[None, :]
-            x = tl.load(pool_ptr + r[:, None] * pool_stride + d[None, :], mask=mask)
+            row_mask = (i < n)[:, None]
+            r = tl.load(rows_ptr + i, mask=i < n, other=0).to(tl.int64)
             if SAME_ROWS:
                 o = r
             else:
                 o = i
-            tl.store(out_ptr + o[:, None] * out_stride + d[None, :], _fp8_to_bf16(x), mask=mask)
+            src = pool_ptr + r[:, None] * pool_stride
+            dst = out_ptr + o[:, None] * out_stride
+            a = tl.arange(0, MAIN)[None, :]
+            tl.store(dst + a, _fp8_to_bf16(tl.load(src + a, mask=row_mask)), mask=row_mask)
+            if TAIL > 0:
+                b = MAIN + tl.arange(0, TAIL)[None, :]
+                tail_mask = row_mask & (b < dim)
+                tl.store(dst + b, _fp8_to_bf16(tl.load(src + b, mask=tail_mask)), mask=tail_mask)
 
 
 def _use_triton(tensor: torch.Tensor, backend: str) -> bool:
@@ -170,8 +181,9 @@ def _launch_gather(pool2d, rows, n_active, out2d, same_rows: bool) -> None:
         return
     cfg = GATHER_CONFIG
     dim = pool2d.shape[1]
-    grid = (triton.cdiv(m, cfg["ROWS"]), triton.cdiv(dim, cfg["BLOCK_D"]))
-    _gather_cast_kernel[grid](
+    main = 1 << (dim.bit_length() - 1)  # the largest power of two <= dim
+    tail = triton.next_power_of_2(dim - main) if dim > main else 0
+    _gather_cast_kernel[(triton.cdiv(m, cfg["ROWS"]),)](
         pool2d,
         rows,
         n_active if n_active is not None else rows,  # unused when HAS_N_ACTIVE is False
@@ -183,7 +195,8 @@ def _launch_gather(pool2d, rows, n_active, out2d, same_rows: bool) -> None:
         HAS_N_ACTIVE=n_active is not None,
         SAME_ROWS=same_rows,
         ROWS=cfg["ROWS"],
-        BLOCK_D=cfg["BLOCK_D"],
+        MAIN=main,
+        TAIL=tail,
         num_warps=cfg["num_warps"],
     )
 
