@@ -388,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--commit", help="commit to record in every bundle (default: git rev-parse HEAD)")
     p.add_argument("--budget-s", type=float, default=480.0, help="skip the big trace past 60%% of this")
+    p.add_argument("--only", metavar="LETTERS", help="run only these stages, e.g. 'ab' (default: all)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("python -m kernels.gpu_suite: error: --device cuda: CUDA is not available", file=sys.stderr)
@@ -402,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                      ("c_preset_matrix", run_preset_matrix), ("d_tiny_bundles", run_tiny_matrix),
                      ("f_gpu_tests", run_gpu_tests), ("e_big_trace", run_big_trace),
                      ("release_state", release_state), ("g_pack", pack_bundles)):
+        if args.only and name[0] not in args.only and name != "release_state":
+            continue
         suite.run_stage(name, fn)
     suite.results["total_seconds"] = round(suite.elapsed_s(), 1)
     suite.save()

@@ -61,19 +61,19 @@ if HAS_TRITON:
         n_active_ptr,
         out_ptr,
         n_rows,
-        dim,
         pool_stride,
         out_stride,
         HAS_N_ACTIVE: tl.constexpr,
         SAME_ROWS: tl.constexpr,
         ROWS: tl.constexpr,
+        DIM: tl.constexpr,
         MAIN: tl.constexpr,
         TAIL: tl.constexpr,
     ):
         """out[j] = bf16(pool[rows[i]]) for i < n_active, j = rows[i] if SAME_ROWS else i.
 
         Each program moves ROWS whole rows: columns [0, MAIN) as one tile (MAIN, a power of
-        two, <= dim) and [MAIN, dim) as a TAIL-wide masked tile, so a 576-wide MLA row is a
+        two, <= DIM) and [MAIN, DIM) as a TAIL-wide tile, so a 576-wide MLA row is a
         512 + 64 pair with no idle lanes. Programs past n_active (read from device memory)
         return at once, which keeps a captured CUDA graph valid for any active count.
         """
@@ -96,7 +96,10 @@ if HAS_TRITON:
             tl.store(dst + a, _fp8_to_bf16(tl.load(src + a, mask=row_mask)), mask=row_mask)
             if TAIL > 0:
                 b = MAIN + tl.arange(0, TAIL)[None, :]
-                tail_mask = row_mask & (b < dim)
+                if MAIN + TAIL == DIM:  # e.g. 576 = 512 + 64: only whole rows are masked
+                    tail_mask = row_mask
+                else:
+                    tail_mask = row_mask & (b < DIM)
                 tl.store(dst + b, _fp8_to_bf16(tl.load(src + b, mask=tail_mask)), mask=tail_mask)
 
 
@@ -189,12 +192,12 @@ def _launch_gather(pool2d, rows, n_active, out2d, same_rows: bool) -> None:
         n_active if n_active is not None else rows,  # unused when HAS_N_ACTIVE is False
         out2d,
         m,
-        dim,
         pool2d.stride(0),
         out2d.stride(0),
         HAS_N_ACTIVE=n_active is not None,
         SAME_ROWS=same_rows,
         ROWS=cfg["ROWS"],
+        DIM=dim,
         MAIN=main,
         TAIL=tail,
         num_warps=cfg["num_warps"],
