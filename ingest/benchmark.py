@@ -29,7 +29,7 @@ def report(t0, **extra):
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}))
 """
 
-STEPWATCH = _REPORT + """
+STEPWATCH = """
 sys.path.insert(0, {root!r})
 from ingest.categories import load_rule_chain
 from ingest.importer import ImportOptions, prepare_import
@@ -44,7 +44,7 @@ report(t0, kernels=int(k["calls"].sum()), steps=record.steps, top=k.iloc[0]["nam
        top_calls=int(k.iloc[0]["calls"]))
 """
 
-JSON_LOAD = _REPORT + """
+JSON_LOAD = """
 import gzip
 t0 = time.perf_counter()
 with gzip.open({trace!r}) as f:
@@ -52,7 +52,7 @@ with gzip.open({trace!r}) as f:
 report(t0, events=len(body["traceEvents"]))
 """
 
-HTA = _REPORT + """
+HTA = """
 import logging
 logging.disable(logging.WARNING)
 from hta.trace_analysis import TraceAnalysis
@@ -61,12 +61,12 @@ analyzer = TraceAnalysis(trace_dir={trace_dir!r})
 kernel_type_df, kernel_df = analyzer.get_gpu_kernel_breakdown(visualize=False)
 cast = kernel_df[kernel_df["name"].str.contains("LoadWithCast", regex=False)]
 report(t0, kernel_types=kernel_type_df.to_dict(orient="records")[:4],
-       cast_sum_us=float(cast["sum"].sum()) if len(cast) else None)
+       cast_sum_us=float(cast["sum (us)"].sum()) if len(cast) else None)
 """
 
 
 def run_contender(python: str, code: str) -> dict:
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=1800)
+    out = subprocess.run([python, "-c", _REPORT + code], capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed"}
     return json.loads(out.stdout.strip().splitlines()[-1])

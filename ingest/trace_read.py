@@ -16,8 +16,9 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import msgspec
 import numpy as np
@@ -25,7 +26,7 @@ from isal import igzip
 
 from .errors import TraceError
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 8 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
 _MAX_PENDING = 64 << 20  # a piece that still does not decode past this size is bad JSON
@@ -37,7 +38,6 @@ _NO_RAW = msgspec.Raw(b"")
 class Args(msgspec.Struct, gc=False):
     correlation: int | None = None
     external_id: int | None = msgspec.field(default=None, name="External id")
-    python_id: int | None = msgspec.field(default=None, name="Python id")
     # kept undecoded (msgspec.Raw): only the few distinct shapes are ever parsed
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
@@ -51,7 +51,7 @@ class Event(msgspec.Struct, gc=False):
     dur: float = 0.0
     pid: int | str = 0
     tid: int | str = 0
-    args: Args | None = None
+    args: Args = msgspec.field(default_factory=Args)
 
 
 _DECODER = msgspec.json.Decoder(list[Event])
@@ -69,6 +69,10 @@ KINDS = (
     "python_function",
 )
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+_CAT, _NAME, _TS, _DUR = attrgetter("cat"), attrgetter("name"), attrgetter("ts"), attrgetter("dur")
+_PID, _TID, _ARGS = attrgetter("pid"), attrgetter("tid"), attrgetter("args")
+_CORR, _EXT = attrgetter("correlation"), attrgetter("external_id")
+_DIMS, _TYPES = attrgetter("input_dims"), attrgetter("input_type")
 
 
 @dataclass
@@ -95,7 +99,12 @@ class RawTrace:
 
 
 class _Columns:
-    """Accumulates per-piece columns with shared dictionaries."""
+    """Accumulates per-piece columns with shared dictionaries.
+
+    The per-event work runs in C: attribute reads through `map(attrgetter(...))`, numbers
+    through numpy, and dictionary encoding through `dict.fromkeys`; Python only loops over
+    the few distinct names, threads and shapes of each piece. Ops without recorded shapes
+    share the shape (b"", b""), whose bytes are unknown."""
 
     def __init__(self) -> None:
         self.names: dict[str, int] = {}
@@ -104,33 +113,37 @@ class _Columns:
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.events_seen = 0
 
+    @staticmethod
+    def _encode(values: list, table: dict) -> np.ndarray:
+        """Codes of `values` in `table` (a value -> id dict that grows as needed)."""
+        for value in dict.fromkeys(values):  # the distinct values, found in C
+            table.setdefault(value, len(table))
+        return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
+
     def add(self, events: list[Event]) -> None:
         self.events_seen += len(events)
         code = _KIND_CODE
-        kept = [e for e in events if e.ph == "X" and e.cat in code]
-        if not kept:
+        kept = [e for e in events if e.cat in code and e.ph == "X"]
+        n = len(kept)
+        if not n:
             return
-        names, threads, shapes = self.names, self.threads, self.shapes
-        kind = np.fromiter((code[e.cat] for e in kept), np.int8, len(kept))
-        name_id = np.fromiter((names.setdefault(e.name, len(names)) for e in kept), np.int32, len(kept))
-        ts = np.fromiter((e.ts for e in kept), np.float64, len(kept))
-        dur = np.fromiter((e.dur for e in kept), np.float64, len(kept))
-        thread = np.fromiter(
-            (threads.setdefault((e.pid, e.tid), len(threads)) for e in kept), np.int32, len(kept)
-        )
-        args = [e.args for e in kept]
-        corr = np.fromiter(
-            (-1 if a is None or a.correlation is None else a.correlation for a in args), np.int64, len(kept)
-        )
-        ext = np.fromiter(
-            (-1 if a is None or a.external_id is None else a.external_id for a in args), np.int64, len(kept)
-        )
-        shape = np.full(len(kept), -1, np.int32)
-        for i in np.flatnonzero(kind == _KIND_CODE["cpu_op"]):
-            a = args[i]
-            if a is not None and len(a.input_dims):
-                key = (bytes(a.input_dims), bytes(a.input_type) or b"[]")
-                shape[i] = shapes.setdefault(key, len(shapes))
+        kind = np.fromiter(map(code.__getitem__, map(_CAT, kept)), np.int8, n)
+        name_id = self._encode(list(map(_NAME, kept)), self.names)
+        ts = np.fromiter(map(_TS, kept), np.float64, n)
+        dur = np.fromiter(map(_DUR, kept), np.float64, n)
+        thread = self._encode(list(zip(map(_PID, kept), map(_TID, kept))), self.threads)
+        args = list(map(_ARGS, kept))
+        # None (JSON null or absent) becomes NaN in a float array, then -1
+        corr = np.array(list(map(_CORR, args)), dtype=np.float64)
+        ext = np.array(list(map(_EXT, args)), dtype=np.float64)
+        corr = np.where(np.isnan(corr), -1, corr).astype(np.int64)
+        ext = np.where(np.isnan(ext), -1, ext).astype(np.int64)
+        shape = np.full(n, -1, np.int32)
+        ops = np.flatnonzero(kind == _KIND_CODE["cpu_op"])
+        if len(ops):
+            op_args = [args[i] for i in ops.tolist()]
+            keys = list(zip(map(bytes, map(_DIMS, op_args)), map(bytes, map(_TYPES, op_args))))
+            shape[ops] = self._encode(keys, self.shapes)
         self.parts.append((kind, name_id, ts, dur, thread, corr, ext, shape))
 
     def finish(self, path: str, header: dict) -> RawTrace:
@@ -177,10 +190,10 @@ def _decode_header(path: Path, text: bytes) -> dict:
     return header
 
 
-def _decode_piece(path: Path, piece: bytes, first_index: int) -> list[Event]:
-    """Decode `[piece]`; a type error is reported with the event's index and field."""
+def _decode_piece(path: Path, array, first_index: int) -> list[Event]:
+    """Decode a JSON array of events; a type error is reported with the event's index and field."""
     try:
-        return _DECODER.decode(b"[" + piece + b"]")
+        return _DECODER.decode(array)
     except msgspec.ValidationError as e:
         raise TraceError(path, _describe_validation(str(e), first_index)) from None
 
@@ -197,46 +210,31 @@ def _describe_validation(message: str, first_index: int) -> str:
     return f"{where}: {what.replace('`', '')}"
 
 
-def _iter_pieces(stream: BinaryIO, path: Path, buf: bytes) -> Iterator[tuple[bytes, bool]]:
-    """Yield (bytes, at_eof) pieces of the array body, each ending right after an event's '}'.
-
-    The last yielded item has at_eof=True and holds the unparsed remainder (the last event,
-    the closing ']' and the keys after the array)."""
-    eof = False
-    while True:
-        if not eof and len(buf) < CHUNK_BYTES:
-            more = _read(stream, path, CHUNK_BYTES)
-            eof = not more
-            buf += more
-            if not eof:
-                continue
-        if eof:
-            yield buf, True
-            return
-        cut = _last_boundary(buf)
-        if cut is None:
-            more = _read(stream, path, CHUNK_BYTES)
-            eof = not more
-            buf += more
-            continue
-        yield buf[: cut + 1], False
-        buf = buf[cut + 1 :]
-        buf = buf[buf.index(b"{") :]
-
-
-def _last_boundary(buf: bytes) -> int | None:
-    """Position of the '}' of the last `},{` in buf, or None."""
+def _last_boundary(buf: bytearray, lo: int) -> int | None:
+    """Position of the '}' of the last `},{` in buf[lo:], or None."""
     window = 1 << 16
     while True:
-        start = max(0, len(buf) - window)
+        start = max(lo, len(buf) - window)
         last = None
         for m in _BOUNDARY.finditer(buf, start):
             last = m
         if last is not None:
             return last.start()
-        if start == 0:
+        if start == lo:
             return None
         window *= 4
+
+
+def _decode_events(path: Path, buf: bytearray, start: int, end: int, first_index: int) -> list[Event]:
+    """Decode the events in buf[start + 1 : end] without copying them: the byte before the
+    piece and the byte after it (separators or whitespace) briefly become '[' and ']'."""
+    before, after = buf[start], buf[end]
+    buf[start], buf[end] = 0x5B, 0x5D
+    try:
+        with memoryview(buf) as view:
+            return _decode_piece(path, view[start : end + 1], first_index)
+    finally:
+        buf[start], buf[end] = before, after
 
 
 def read_trace(path: str | os.PathLike) -> RawTrace:
@@ -274,24 +272,43 @@ def read_trace(path: str | os.PathLike) -> RawTrace:
         header = _decode_header(path, header_text if prefix != b"{" else b"{}")
 
         cols = _Columns()
-        pending = b""
-        for piece, at_eof in _iter_pieces(stream, path, rest[m.end() :]):
-            if at_eof:
-                piece = pending + piece if pending else piece
-                tail = _decode_last(path, piece, cols)
-                header.update(tail)
-                break
-            candidate = pending + piece if pending else piece
+        # buf[start] is the byte before the next undecoded event ('[' , ',' or whitespace);
+        # lo is where the next search for a cut begins (past a cut that fell inside a string)
+        buf = bytearray(b"[") + rest[m.end() :]
+        start = lo = 0
+        eof = False
+        while True:
+            if not eof and len(buf) - lo < CHUNK_BYTES:
+                more = _read(stream, path, CHUNK_BYTES)
+                eof = not more
+                buf += more
+                continue
+            cut = None if eof else _last_boundary(buf, lo)
+            if cut is None:
+                if eof:
+                    header.update(_decode_last(path, bytes(buf[start + 1 :]), cols))
+                    break
+                lo = max(lo, len(buf) - 1)  # no boundary yet: read on
+                more = _read(stream, path, CHUNK_BYTES)
+                eof = not more
+                buf += more
+                continue
             try:
-                events = _decode_piece(path, candidate, cols.events_seen)
+                events = _decode_events(path, buf, start, cut + 1, cols.events_seen)
             except msgspec.DecodeError:
                 # the cut fell inside a string (or the JSON is bad): extend to the next cut
-                if len(candidate) > _MAX_PENDING:
+                if cut + 1 - start > _MAX_PENDING:
                     raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen}") from None
-                pending = candidate + b","
+                lo = cut + 1
                 continue
-            pending = b""
             cols.add(events)
+            del events  # its Raw fields point into buf, which is resized below
+            start = buf.index(b"{", cut + 1) - 1
+            lo = start
+            if start > CHUNK_BYTES:
+                del buf[:start]
+                lo -= start
+                start = 0
     trace = cols.finish(str(path), header)
     if trace.events_seen == 0:
         raise TraceError(path, "'traceEvents' holds no events")
@@ -323,7 +340,7 @@ def _decode_last(path: Path, text: bytes, cols: _Columns) -> dict:
         if not events_part.strip():
             return tail if isinstance(tail, dict) else {}
         try:
-            events = _decode_piece(path, events_part, cols.events_seen)
+            events = _decode_piece(path, b"[" + events_part + b"]", cols.events_seen)
         except msgspec.DecodeError as e:
             raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen} ({e})") from None
         cols.add(events)
