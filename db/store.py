@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,18 +66,42 @@ def _migration_files() -> list[tuple[int, str, Path]]:
     return out
 
 
-def open_db(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False) -> "Store":
-    """Open (creating if needed) the database and bring its schema up to date."""
+def _is_lock_conflict(error: Exception) -> bool:
+    text = str(error)
+    return "lock" in text.lower() and ("conflicting" in text.lower() or "could not set" in text.lower())
+
+
+def open_db(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, wait_s: float = 30.0) -> "Store":
+    """Open (creating if needed) the database and bring its schema up to date.
+
+    DuckDB lets one process write a file at a time (and no process read it meanwhile), so
+    every stepwatch process -- the app, workers, CLI imports -- holds a connection only for the
+    few milliseconds of one unit of work and retries, with jittered back-off for up to `wait_s`,
+    while another holds it. Only after that does "busy" reach anyone, as StoreError."""
     path = str(path)
     if read_only and not Path(path).exists():
         raise StoreError(f"{path}: no such database file")
-    try:
-        con = duckdb.connect(path, read_only=read_only)
-    except duckdb.Error as e:
-        raise StoreError(f"{path}: cannot open database ({str(e).splitlines()[0]})") from None
+    deadline = time.monotonic() + wait_s
+    delay = 0.005
+    while True:
+        try:
+            con = duckdb.connect(path, read_only=read_only)
+            break
+        except duckdb.Error as e:
+            if _is_lock_conflict(e) and time.monotonic() < deadline:
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.25)
+                continue
+            if _is_lock_conflict(e):
+                raise StoreError(f"{path}: database busy: another process held it for {wait_s:.0f} s") from None
+            raise StoreError(f"{path}: cannot open database ({str(e).splitlines()[0]})") from None
     store = Store(con, path)
     if not read_only:
-        store.migrate()
+        try:
+            store.migrate()
+        except BaseException:
+            con.close()
+            raise
     return store
 
 
@@ -252,3 +279,103 @@ class Store:
             " WHERE run_id = ? AND rank = ? ORDER BY step",
             [run_id, rank],
         ).df()
+
+    # -- the job queue ------------------------------------------------------------------
+    JOB_FIELDS = ("job_id", "spec", "label", "status", "error_kind", "error", "queued_at", "started_at",
+                  "finished_at", "heartbeat_at", "worker", "steps_done", "steps_planned",
+                  "cancel_requested", "run_id", "batch")
+    LOG_LIMIT = 64 * 1024
+
+    def enqueue_job(self, spec_json: str, label: str, batch: str | None = None) -> int:
+        return self.con.execute(
+            "INSERT INTO jobs (spec, label, batch) VALUES (?, ?, ?) RETURNING job_id",
+            [spec_json, label, batch],
+        ).fetchone()[0]
+
+    def claim_job(self, worker: str) -> dict | None:
+        """Take the oldest queued job (status -> running); None when the queue is empty."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            row = self.con.execute(
+                "SELECT job_id FROM jobs WHERE status = 'queued' ORDER BY job_id LIMIT 1").fetchone()
+            if row is None:
+                self.con.execute("COMMIT")
+                return None
+            self.con.execute(
+                "UPDATE jobs SET status = 'running', worker = ?, started_at = current_timestamp,"
+                " heartbeat_at = current_timestamp WHERE job_id = ?", [worker, row[0]])
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        return self.get_job(row[0])
+
+    def report_progress(self, job_id: int, steps_done: int | None = None, steps_planned: int | None = None,
+                        log_tail: str | None = None) -> bool:
+        """Record progress and a heartbeat; returns whether a cancel was requested."""
+        self.con.execute(
+            "UPDATE jobs SET heartbeat_at = current_timestamp,"
+            " steps_done = coalesce(?, steps_done), steps_planned = coalesce(?, steps_planned),"
+            " log = coalesce(right(?, ?), log) WHERE job_id = ?",
+            [steps_done, steps_planned, log_tail, self.LOG_LIMIT, job_id],
+        )
+        row = self.con.execute("SELECT cancel_requested FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+        return bool(row and row[0])
+
+    def finish_job(self, job_id: int, status: str, *, run_id: int | None = None, error_kind: str | None = None,
+                   error: str | None = None, log: str | None = None) -> None:
+        if status not in ("succeeded", "failed", "cancelled"):
+            raise ValueError(f"finish_job: status {status!r}")
+        self.con.execute(
+            "UPDATE jobs SET status = ?, run_id = ?, error_kind = ?, error = ?,"
+            " log = coalesce(right(?, ?), log), finished_at = current_timestamp WHERE job_id = ?",
+            [status, run_id, error_kind, error, log, self.LOG_LIMIT, job_id],
+        )
+
+    def request_cancel(self, job_id: int) -> str | None:
+        """Cancel a queued job at once; ask a running one to stop. Returns the job's status."""
+        self.con.execute(
+            "UPDATE jobs SET status = 'cancelled', finished_at = current_timestamp, error_kind = 'cancelled',"
+            " error = 'cancelled before it started' WHERE job_id = ? AND status = 'queued'", [job_id])
+        self.con.execute("UPDATE jobs SET cancel_requested = true WHERE job_id = ? AND status = 'running'",
+                         [job_id])
+        row = self.con.execute("SELECT status FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+        return row[0] if row else None
+
+    def fail_abandoned_jobs(self, stale_s: float) -> list[int]:
+        """Running jobs whose worker has not beaten for `stale_s` seconds: failed, 'worker died'."""
+        rows = self.con.execute(
+            "UPDATE jobs SET status = 'failed', error_kind = 'worker-died', finished_at = current_timestamp,"
+            " error = 'its worker stopped (no heartbeat for ' || CAST(? AS INTEGER) || ' s)'"
+            " WHERE status = 'running' AND heartbeat_at < current_timestamp - to_seconds(?) RETURNING job_id",
+            [stale_s, stale_s],
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def get_job(self, job_id: int, with_log: bool = True) -> dict | None:
+        fields = self.JOB_FIELDS + (("log",) if with_log else ())
+        cur = self.con.execute(f"SELECT {', '.join(fields)} FROM jobs WHERE job_id = ?", [job_id])
+        row = cur.fetchone()
+        return dict(zip(fields, row)) if row else None
+
+    def list_jobs(self, statuses: tuple[str, ...] | None = None, limit: int = 100) -> list[dict]:
+        """Newest first, without logs."""
+        cur = self.con.execute(
+            f"SELECT {', '.join(self.JOB_FIELDS)} FROM jobs"
+            " WHERE ? IS NULL OR list_contains(?, status) ORDER BY job_id DESC LIMIT ?",
+            [None if statuses is None else list(statuses), None if statuses is None else list(statuses), limit],
+        )
+        return [dict(zip(self.JOB_FIELDS, row)) for row in cur.fetchall()]
+
+    # -- commits ----------------------------------------------------------------------------
+    def record_commit(self, repo: str, sha: str, committed_at, author: str | None, subject: str | None,
+                      seq: int | None = None) -> int:
+        """Insert or complete a commit's facts (date, author, subject, first-parent order)."""
+        repo_id = self._ensure_repo(repo)
+        commit_id = self._ensure_commit(repo_id, sha)
+        self.con.execute(
+            "UPDATE commits SET committed_at = coalesce(?, committed_at), author = coalesce(?, author),"
+            " subject = coalesce(?, subject), seq = coalesce(?, seq) WHERE commit_id = ?",
+            [committed_at, author, subject, seq, commit_id],
+        )
+        return commit_id

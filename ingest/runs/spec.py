@@ -1,0 +1,292 @@
+"""Run specs: what to run, where, at which commit, with which patches. Specs are data (a dict
+read from TOML or JSON, stored as JSON in the job queue) and are checked here, field by field,
+before anything runs. A config file names hosts, repositories and patch sets.
+
+Checks refuse what could be mistaken for an option or carry shell syntax: values travel as
+argv elements and never through a shell, but a ref such as `--output=x` would still be an
+option to git, and `a;b` is a typo no one means.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+
+ENGINES = ("reference", "sglang", "import")
+DEVICES = ("cpu", "cuda")
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
+_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/@{}~^-]*$")
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SSH_TARGET = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9.:_-]*$")
+_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=[^\s;&|`$<>\\]*)?$")
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    name: str
+    ssh: str | None = None  # user@host, None for this machine
+    port: int = 22
+    identity_file: str | None = None
+    python: str = "python3"
+    workdir: str = "/tmp/stepwatch"
+    ssh_options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RepoConfig:
+    name: str
+    path: str  # a git checkout on the host that runs it
+
+
+@dataclass(frozen=True)
+class Config:
+    hosts: dict[str, HostConfig] = field(default_factory=dict)
+    repos: dict[str, RepoConfig] = field(default_factory=dict)
+    patches: dict[str, tuple[str, ...]] = field(default_factory=dict)  # variant name -> files
+    source: str | None = None
+
+    def host(self, name: str) -> HostConfig:
+        if name == "local":
+            return self.hosts.get("local", HostConfig("local"))
+        if name not in self.hosts:
+            raise SpecError(f"host {name!r}: not in the config file ({self.source or 'none given'})")
+        return self.hosts[name]
+
+
+@dataclass(frozen=True)
+class Workload:
+    preset: str | None = None  # reference engine
+    kv: str = "full-pool-cast"  # reference engine: the KV strategy
+    cuda_graph: bool = False
+    model_path: str | None = None  # sglang engine
+    load_format: str | None = None  # e.g. "dummy": random weights from the model's config
+    batch_size: int = 1
+    input_len: int = 256
+    output_len: int = 32
+    context: int | None = None  # reference engine: KV tokens attended per step
+    kv_cache_dtype: str | None = None
+    attention_backend: str | None = None
+    tp: int = 1
+    profile_steps: int = 3
+    extra_args: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        """A stable identity of the workload, for grouping runs into one trend series."""
+        return json.dumps({k: v for k, v in asdict(self).items()}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    engine: str
+    workload: Workload = field(default_factory=Workload)
+    host: str = "local"
+    device: str = "cpu"
+    repo: str | None = None  # a name from the config's [repos], or "stepwatch" for reference
+    ref: str | None = None  # any git ref; resolved to a full sha before the run
+    variant: str = "unpatched"  # "unpatched" or a patch set from the config's [patches]
+    path: str | None = None  # import engine: the trace file, directory or bundle
+    timeout_s: float = 3600.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def describe(self) -> str:
+        what = self.workload.preset or self.workload.model_path or self.path or "?"
+        at = f"@{self.ref}" if self.ref else ""
+        return f"{self.engine} {what} {self.variant} {self.repo or ''}{at} on {self.host}/{self.device}".strip()
+
+
+def _need(cond: bool, where: str, message: str) -> None:
+    if not cond:
+        raise SpecError(f"{where}: {message}")
+
+
+def check_ref(ref: str, where: str = "ref") -> str:
+    _need(isinstance(ref, str) and bool(ref), where, "must be a non-empty string")
+    _need(not ref.startswith("-"), where, f"{ref!r} looks like an option")
+    _need(_REF.fullmatch(ref) is not None and ".." not in ref and len(ref) <= 200, where,
+          f"{ref!r} is not a git ref (letters, digits and ._/@{{}}~^- only)")
+    return ref
+
+
+def check_label(value: str, where: str) -> str:
+    _need(isinstance(value, str) and _LABEL.fullmatch(value) is not None and len(value) <= 100, where,
+          f"{value!r}: use letters, digits and ._+@=- (not starting with '-')")
+    return value
+
+
+def _positive_int(body: dict, key: str, where: str, default: int | None) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return None
+    _need(isinstance(value, int) and not isinstance(value, bool) and value > 0, f"{where}.{key}",
+          f"must be a positive integer, got {value!r}")
+    return value
+
+
+def parse_workload(body: Any, engine: str, where: str = "workload") -> Workload:
+    body = body or {}
+    _need(isinstance(body, dict), where, "must be a table/object")
+    known = set(Workload.__dataclass_fields__)
+    unknown = set(body) - known
+    _need(not unknown, where, f"unknown field(s) {', '.join(sorted(unknown))}")
+    ints = {k: _positive_int(body, k, where, getattr(Workload, k, None))
+            for k in ("batch_size", "input_len", "output_len", "tp", "profile_steps", "context")}
+    for key in ("preset", "kv", "model_path", "load_format", "kv_cache_dtype", "attention_backend"):
+        if body.get(key) is not None:
+            _need(isinstance(body[key], str) and body[key] != "", f"{where}.{key}", "must be a non-empty string")
+            _need(not body[key].startswith("-"), f"{where}.{key}", f"{body[key]!r} looks like an option")
+    for key in ("preset", "kv", "load_format", "kv_cache_dtype", "attention_backend"):
+        if body.get(key) is not None:
+            check_label(body[key], f"{where}.{key}")
+    if body.get("model_path") is not None:
+        _need(re.fullmatch(r"[A-Za-z0-9._/@:+-]+", body["model_path"]) is not None, f"{where}.model_path",
+              f"{body['model_path']!r}: a path or model name without spaces or shell characters")
+    cuda_graph = body.get("cuda_graph", False)
+    _need(isinstance(cuda_graph, bool), f"{where}.cuda_graph", "must be true or false")
+    extra = body.get("extra_args", [])
+    _need(isinstance(extra, list) and all(isinstance(a, str) for a in extra), f"{where}.extra_args",
+          "must be a list of strings")
+    for arg in extra:
+        _need(_FLAG.fullmatch(arg) is not None, f"{where}.extra_args",
+              f"{arg!r}: each entry must be one --flag or --flag=value without spaces or shell characters")
+    if engine == "reference":
+        from kernels.workload import KV_STRATEGIES, PRESETS
+
+        _need(body.get("preset") in PRESETS, f"{where}.preset",
+              f"{body.get('preset')!r} is not one of {', '.join(PRESETS)}")
+        _need(body.get("kv", "full-pool-cast") in KV_STRATEGIES, f"{where}.kv",
+              f"{body.get('kv')!r} is not one of {', '.join(KV_STRATEGIES)}")
+    if engine == "sglang":
+        _need(bool(body.get("model_path")), f"{where}.model_path", "the sglang engine needs a model path")
+    return Workload(
+        preset=body.get("preset"), kv=body.get("kv", "full-pool-cast"), cuda_graph=cuda_graph,
+        model_path=body.get("model_path"), load_format=body.get("load_format"),
+        kv_cache_dtype=body.get("kv_cache_dtype"), attention_backend=body.get("attention_backend"),
+        extra_args=tuple(extra), **ints,
+    )
+
+
+def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> RunSpec:
+    """Check a spec given as a dict; raise SpecError naming the first bad field."""
+    config = config or Config()
+    _need(isinstance(body, dict), where, "must be a table/object")
+    unknown = set(body) - set(RunSpec.__dataclass_fields__)
+    _need(not unknown, where, f"unknown field(s) {', '.join(sorted(unknown))}")
+    engine = body.get("engine")
+    _need(engine in ENGINES, f"{where}.engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
+    host = body.get("host", "local")
+    _need(isinstance(host, str) and _HOST.fullmatch(host) is not None, f"{where}.host", f"{host!r} is not a host name")
+    config.host(host)
+    device = body.get("device", "cpu")
+    _need(device in DEVICES, f"{where}.device", f"{device!r} is not one of {', '.join(DEVICES)}")
+    variant = check_label(body.get("variant", "unpatched"), f"{where}.variant")
+    if variant != "unpatched":
+        _need(engine == "sglang", f"{where}.variant", "patch sets apply to the sglang engine only")
+        _need(variant in config.patches, f"{where}.variant",
+              f"{variant!r} is not a patch set in the config file ({config.source or 'none given'})")
+        for f in config.patches[variant]:
+            _need(Path(f).is_file(), f"{where}.variant", f"patch file {f} of {variant!r} does not exist")
+    repo = body.get("repo")
+    ref = body.get("ref")
+    if ref is not None:
+        check_ref(ref, f"{where}.ref")
+    if engine == "sglang":
+        _need(repo is not None, f"{where}.repo", "the sglang engine needs a repo from the config's [repos]")
+        _need(repo in config.repos, f"{where}.repo", f"{repo!r} is not in the config's [repos]")
+        _need(ref is not None, f"{where}.ref", "the sglang engine needs a ref (commit, tag or branch)")
+    elif repo is not None:
+        check_label(repo, f"{where}.repo")
+    path = body.get("path")
+    if engine == "import":
+        _need(isinstance(path, str) and bool(path), f"{where}.path", "the import engine needs a path")
+        _need(Path(path).exists(), f"{where}.path", f"{path}: no such file or directory")
+    timeout = body.get("timeout_s", 3600.0)
+    _need(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 86400,
+          f"{where}.timeout_s", "must be a number of seconds between 0 and 86400")
+    return RunSpec(engine=engine, workload=parse_workload(body.get("workload"), engine, f"{where}.workload"),
+                   host=host, device=device, repo=repo, ref=ref, variant=variant, path=path,
+                   timeout_s=float(timeout))
+
+
+def spec_from_json(text: str, config: Config | None = None) -> RunSpec:
+    return parse_spec(json.loads(text), config)
+
+
+def _read_table_file(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as e:
+        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'} ({e})") from None
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read a config file ([hosts.NAME], [repos.NAME], [patches.NAME]); None gives an empty one."""
+    if path is None:
+        return Config()
+    path = Path(path)
+    body = _read_table_file(path)
+    unknown = set(body) - {"hosts", "repos", "patches"}
+    _need(not unknown, str(path), f"unknown section(s) {', '.join(sorted(unknown))}")
+    hosts = {}
+    for name, h in body.get("hosts", {}).items():
+        where = f"{path}: hosts.{name}"
+        _need(_HOST.fullmatch(name) is not None, where, "bad host name")
+        _need(isinstance(h, dict), where, "must be a table")
+        bad = set(h) - {"ssh", "port", "identity_file", "python", "workdir", "ssh_options"}
+        _need(not bad, where, f"unknown field(s) {', '.join(sorted(bad))}")
+        ssh = h.get("ssh")
+        _need(ssh is None or (isinstance(ssh, str) and _SSH_TARGET.fullmatch(ssh) is not None), f"{where}.ssh",
+              f"{ssh!r} is not user@host")
+        port = h.get("port", 22)
+        _need(isinstance(port, int) and 0 < port < 65536, f"{where}.port", "must be a port number")
+        opts = h.get("ssh_options", [])
+        _need(isinstance(opts, list) and all(isinstance(o, str) and re.fullmatch(r"[A-Za-z]+=[^\s;&|`$]+", o)
+                                             for o in opts), f"{where}.ssh_options",
+              "must be a list of Key=value ssh options")
+        for key in ("python", "workdir", "identity_file"):
+            if h.get(key) is not None:
+                _need(isinstance(h[key], str) and re.fullmatch(r"[A-Za-z0-9._/~+-]+", h[key]) is not None
+                      and not h[key].startswith("-"), f"{where}.{key}", f"{h[key]!r} is not a plain path")
+        hosts[name] = HostConfig(name, ssh, port, h.get("identity_file"), h.get("python", "python3"),
+                                 h.get("workdir", "/tmp/stepwatch"), tuple(opts))
+    repos = {}
+    for name, r in body.get("repos", {}).items():
+        where = f"{path}: repos.{name}"
+        check_label(name, where)
+        _need(isinstance(r, dict) and isinstance(r.get("path"), str) and r["path"], f"{where}.path",
+              "must be the path of a git checkout")
+        repos[name] = RepoConfig(name, r["path"])
+    patches = {}
+    for name, p in body.get("patches", {}).items():
+        where = f"{path}: patches.{name}"
+        check_label(name, where)
+        _need(name != "unpatched", where, "'unpatched' is the variant without patches")
+        files = p.get("files") if isinstance(p, dict) else None
+        _need(isinstance(files, list) and files and all(isinstance(f, str) for f in files), f"{where}.files",
+              "must be a non-empty list of patch files")
+        resolved = tuple(str((path.parent / f).resolve()) if not Path(f).is_absolute() else f for f in files)
+        for f in resolved:
+            _need(Path(f).is_file(), f"{where}.files", f"{f}: no such patch file")
+        patches[name] = resolved
+    return Config(hosts, repos, patches, str(path))
+
+
+def load_spec_file(path: str | Path, config: Config | None = None) -> list[RunSpec]:
+    """A spec file holds one spec, or several under [[run]] (TOML) / a list (JSON)."""
+    path = Path(path)
+    body = _read_table_file(path)
+    items = body.get("run") if isinstance(body, dict) and "run" in body else body
+    items = items if isinstance(items, list) else [items]
+    return [parse_spec(item, config, f"{path}: run[{i}]" if len(items) > 1 else str(path))
+            for i, item in enumerate(items)]
