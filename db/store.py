@@ -55,6 +55,12 @@ class RunRecord:
     step_table: pd.DataFrame  # rank, step, wall_us, gpu_busy_us, kernel_us
     step_categories: pd.DataFrame  # rank, step, category, dur_us
     kernel_stats: pd.DataFrame  # rank, name, category, launcher, source, calls, ...
+    workload_key: str | None = None
+    batch_size: int | None = None
+    timing_ms_median: float | None = None
+    timing_ms_p10: float | None = None
+    timing_ms_p90: float | None = None
+    job_id: int | None = None
 
 
 def _migration_files() -> list[tuple[int, str, Path]]:
@@ -180,14 +186,18 @@ class Store:
                 "INSERT INTO runs (content_hash, repo_id, commit_id, variant, engine, workload,"
                 " device_name, peak_gbps, ranks, steps, step_method, step_ms_median, tok_per_s,"
                 " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
-                " source_path, manifest)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING run_id",
+                " source_path, manifest, workload_key, batch_size, timing_ms_median, timing_ms_p10,"
+                " timing_ms_p90, job_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " RETURNING run_id",
                 [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
                  json.dumps(rec.workload) if rec.workload is not None else None,
                  rec.device_name, rec.peak_gbps, rec.ranks, rec.steps, rec.step_method,
                  rec.step_ms_median, rec.tok_per_s, rec.layers, rec.copy_share, rec.gpu_busy_share,
                  rec.kernel_us_total, rec.kernels_from_cpu_ops, rec.source_path,
-                 json.dumps(rec.manifest) if rec.manifest is not None else None],
+                 json.dumps(rec.manifest) if rec.manifest is not None else None,
+                 rec.workload_key, rec.batch_size, rec.timing_ms_median, rec.timing_ms_p10,
+                 rec.timing_ms_p90, rec.job_id],
             ).fetchone()[0]
             steps = rec.step_table.assign(run_id=run_id)
             cats = rec.step_categories.assign(run_id=run_id)

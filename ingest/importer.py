@@ -5,6 +5,7 @@ transaction. Nothing touches the database until every file has been read success
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +21,9 @@ from .errors import IngestError, TraceError
 from .trace_read import read_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+# workload fields that say how a run was measured or which variant it is, not what it ran
+_NOT_SERIES = {"kv", "timing_steps", "warmup_steps", "profiled_steps", "profile_steps", "with_stack",
+               "record_shapes", "seed"}
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@=:-]*$")
 
 
@@ -31,6 +35,7 @@ class ImportOptions:
     layers: int | None = None
     tok_per_s: float | None = None
     steps: int | None = None
+    job_id: int | None = None
 
 
 def check_label(field: str, value: str | None) -> str | None:
@@ -103,7 +108,20 @@ def build_record(path: Path, files: list[Path], figures: list[RankFigures], mani
         step_table=pd.concat([f.step_table.assign(rank=f.rank) for f in figures], ignore_index=True),
         step_categories=pd.concat([f.step_categories.assign(rank=f.rank) for f in figures], ignore_index=True),
         kernel_stats=pd.concat([f.kernel_stats.assign(rank=f.rank) for f in figures], ignore_index=True),
+        workload_key=find_workload_key(m.workload if m else None),
+        batch_size=(m.workload.get("batch_size") if m else None),
+        timing_ms_median=m.timing.median_ms if m and m.timing else None,
+        timing_ms_p10=m.timing.p10_ms if m and m.timing else None,
+        timing_ms_p90=m.timing.p90_ms if m and m.timing else None,
+        job_id=opts.job_id,
     )
+
+
+def find_workload_key(workload: dict | None) -> str | None:
+    """Runs with the same key form one trend series (per repo, engine, device and variant)."""
+    if not workload:
+        return None
+    return json.dumps({k: v for k, v in workload.items() if k not in _NOT_SERIES}, sort_keys=True)
 
 
 def _manifest_dict(m: Manifest | None) -> dict | None:
