@@ -302,12 +302,14 @@ class Store:
             [spec_json, label, batch],
         ).fetchone()[0]
 
-    def claim_job(self, worker: str) -> dict | None:
-        """Take the oldest queued job (status -> running); None when the queue is empty."""
+    def claim_job(self, worker: str, job_id: int | None = None) -> dict | None:
+        """Take the oldest queued job, or job `job_id` if it is queued (status -> running);
+        None when there is none to take."""
         self.con.execute("BEGIN TRANSACTION")
         try:
             row = self.con.execute(
-                "SELECT job_id FROM jobs WHERE status = 'queued' ORDER BY job_id LIMIT 1").fetchone()
+                "SELECT job_id FROM jobs WHERE status = 'queued' AND (? IS NULL OR job_id = ?)"
+                " ORDER BY job_id LIMIT 1", [job_id, job_id]).fetchone()
             if row is None:
                 self.con.execute("COMMIT")
                 return None

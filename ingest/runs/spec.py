@@ -88,6 +88,7 @@ class RunSpec:
     host: str = "local"
     device: str = "cpu"
     repo: str | None = None  # a name from the config's [repos], or "stepwatch" for reference
+    repo_path: str | None = None  # a checkout on the host, for a repo the config does not name
     ref: str | None = None  # any git ref; resolved to a full sha before the run
     variant: str = "unpatched"  # "unpatched" or a patch set from the config's [patches]
     path: str | None = None  # import engine: the trace file, directory or bundle
@@ -98,8 +99,11 @@ class RunSpec:
 
     def describe(self) -> str:
         what = self.workload.preset or self.workload.model_path or self.path or "?"
-        at = f"@{self.ref}" if self.ref else ""
-        return f"{self.engine} {what} {self.variant} {self.repo or ''}{at} on {self.host}/{self.device}".strip()
+        variant = self.workload.kv if self.engine == "reference" else self.variant
+        if self.engine == "reference" and self.workload.cuda_graph:
+            variant += "+graph"
+        where = f" {self.repo or ''}@{self.ref}" if self.ref else (f" {self.repo}" if self.repo else "")
+        return f"{self.engine} {what} {variant}{where} on {self.host}/{self.device}"
 
 
 def _need(cond: bool, where: str, message: str) -> None:
@@ -194,6 +198,13 @@ def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> 
         for f in config.patches[variant]:
             _need(Path(f).is_file(), f"{where}.variant", f"patch file {f} of {variant!r} does not exist")
     repo = body.get("repo")
+    repo_path = body.get("repo_path")
+    if repo_path is not None:
+        _need(isinstance(repo_path, str) and re.fullmatch(r"[A-Za-z0-9._/~+@-]+", repo_path) is not None
+              and not repo_path.startswith("-"), f"{where}.repo_path", f"{repo_path!r} is not a plain path")
+        _need(repo is not None, f"{where}.repo", "a repo_path needs a repo name")
+        config = Config(config.hosts, {**config.repos, repo: RepoConfig(repo, repo_path)}, config.patches,
+                        config.source)
     ref = body.get("ref")
     if ref is not None:
         check_ref(ref, f"{where}.ref")
@@ -211,7 +222,7 @@ def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> 
     _need(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 86400,
           f"{where}.timeout_s", "must be a number of seconds between 0 and 86400")
     return RunSpec(engine=engine, workload=parse_workload(body.get("workload"), engine, f"{where}.workload"),
-                   host=host, device=device, repo=repo, ref=ref, variant=variant, path=path,
+                   host=host, device=device, repo=repo, repo_path=repo_path, ref=ref, variant=variant, path=path,
                    timeout_s=float(timeout))
 
 

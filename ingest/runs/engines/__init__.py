@@ -1,0 +1,2 @@
+"""Engines: how each kind of run (reference, sglang, ...) is executed on a Host and turned
+into a result bundle."""
