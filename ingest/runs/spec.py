@@ -200,8 +200,8 @@ def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> 
     repo = body.get("repo")
     repo_path = body.get("repo_path")
     if repo_path is not None:
-        _need(isinstance(repo_path, str) and re.fullmatch(r"[A-Za-z0-9._/~+@-]+", repo_path) is not None
-              and not repo_path.startswith("-"), f"{where}.repo_path", f"{repo_path!r} is not a plain path")
+        _need(isinstance(repo_path, str) and re.fullmatch(r"/[A-Za-z0-9._/+@-]*", repo_path) is not None,
+              f"{where}.repo_path", f"{repo_path!r} is not an absolute plain path")
         _need(repo is not None, f"{where}.repo", "a repo_path needs a repo name")
         config = Config(config.hosts, {**config.repos, repo: RepoConfig(repo, repo_path)}, config.patches,
                         config.source)

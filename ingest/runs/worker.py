@@ -28,7 +28,7 @@ from ..importer import ImportOptions, prepare_import
 from .engines.reference import ROOT, run_reference
 from .errors import CommandCancelled, CommandTimeout, HostError, RunError, SpecError
 from .git import CommitInfo, describe_commit, resolve_ref
-from .hosts import Host, LocalHost
+from .hosts import Host, LocalHost, make_host
 from .spec import Config, RunSpec, parse_spec
 
 HEARTBEAT_S = 2.0
@@ -36,12 +36,7 @@ STALE_S = 60.0
 
 
 def make_host_for(config: Config, name: str) -> Host:
-    hc = config.host(name)
-    if hc.ssh is None:
-        return LocalHost()
-    from .ssh import SSHHost
-
-    return SSHHost(hc)
+    return make_host(config.host(name))
 
 
 class Reporter:
