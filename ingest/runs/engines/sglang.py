@@ -1,0 +1,818 @@
+"""The sglang engine: SGLang's decode performance at one commit of the user's checkout, with or
+without a patch set, profiled, and turned into a result bundle.
+
+On the host: a detached git worktree of the configured repository at the resolved sha; the
+variant's patches applied with `git apply` (a patch that does not apply raises PatchFailed with
+git's message); then, with the worktree's `python/` first on PYTHONPATH and a fresh
+SGLANG_TORCH_PROFILER_DIR as the working directory (older releases write the trace there):
+
+- TP 1: `python -m sglang.benchmark.one_batch` (or `sglang.bench_one_batch` in older checkouts)
+  with the profiling flags the checkout's benchmark declares; the median decode latency and
+  throughput come from its JSONL (its printed lines as a fallback), the trace from its file name;
+- TP > 1 (or run_sglang_server): `python -m sglang.launch_server`, driven by a small standard-
+  library script on the host (SERVER_DRIVER_SCRIPT): POST /start_profile by stage for
+  profile_steps decode steps, batch_size streaming requests, every rank's DECODE trace.
+
+Back here: versions, the model's layer count, and a bundle (kernels/bundle.py) written locally, so
+the host needs nothing of stepwatch installed. Everything that reads SGLang's formats or builds
+its command lines is a small pure function, tested on SGLang's real formats
+(tests/test_engine_sglang.py) and against a real release's sources (tests/test_sglang_flags.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import statistics
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from kernels.bundle import Manifest, Timing, write_bundle
+
+from ..errors import RunError
+from ..git import add_worktree, remove_worktree
+from ..hosts import Host
+from ..spec import Config, RunSpec, Workload
+
+CURRENT_MODULE = "sglang.benchmark.one_batch"
+OLD_MODULE = "sglang.bench_one_batch"
+_MODULE_FILES = ((CURRENT_MODULE, "python/sglang/benchmark/one_batch.py"),
+                 (OLD_MODULE, "python/sglang/bench_one_batch.py"))
+RUN_NAME = "stepwatch"
+PROFILE_PREFIX = "stepwatch"
+TIMING_METHOD = "sglang-one-batch"
+STAGES = ("worktree", "patches", "benchmark", "trace", "versions", "bundle")
+_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+# Workload fields that only the reference engine reads; left out of an sglang run's manifest.
+_REFERENCE_ONLY = ("preset", "kv", "cuda_graph", "context")
+_SHORT_S = 300.0  # git, listing and version probes
+
+
+class PatchFailed(RunError):
+    """A patch of the variant that does not apply at the commit; `output` is git's message."""
+
+    def __init__(self, message: str, patch: str, output: str):
+        super().__init__(message)
+        self.patch = patch
+        self.output = output
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions over SGLang's formats
+# ---------------------------------------------------------------------------------------------
+
+def find_bench_module(has_file: Callable[[str], bool]) -> str:
+    """The one-batch benchmark module a checkout has: `has_file` answers for a path relative to
+    the checkout's root. sglang >= 0.5.23 has only the new name, older checkouts only the old."""
+    for module, path in _MODULE_FILES:
+        if has_file(path):
+            return module
+    raise RunError("the checkout has no one-batch benchmark: neither "
+                   + " nor ".join(path for _, path in _MODULE_FILES) + " exists")
+
+
+def module_path(module: str) -> str:
+    """The checkout-relative source file of a benchmark module name."""
+    return dict(_MODULE_FILES)[module]
+
+
+@dataclass(frozen=True)
+class BenchFlags:
+    """The optional profiling flags a checkout's one-batch benchmark accepts, read from its
+    source: the oldest releases profile the whole run into `--profile-filename-prefix`, later
+    ones add `--profile-stage` and `--profile-record-shapes`, then `--profile-steps` and
+    `--profile-start-step`, and rename the prefix flag to `--profile-prefix`."""
+
+    prefix: str | None = "--profile-prefix"
+    stage: bool = True
+    steps: bool = True
+    start_step: bool = True
+    record_shapes: bool = True
+
+
+def _declares(source: str, flag: str) -> bool:
+    return re.search(r"""["']""" + re.escape(flag) + r"""["']""", source) is not None
+
+
+def detect_bench_flags(source: str) -> BenchFlags:
+    """Which optional flags the benchmark module's source text declares."""
+    prefix = next((f for f in ("--profile-prefix", "--profile-filename-prefix") if _declares(source, f)), None)
+    return BenchFlags(prefix=prefix, stage=_declares(source, "--profile-stage"),
+                      steps=_declares(source, "--profile-steps"),
+                      start_step=_declares(source, "--profile-start-step"),
+                      record_shapes=_declares(source, "--profile-record-shapes"))
+
+
+def plan_profile_start_step(output_len: int, profile_steps: int) -> int:
+    """The decode step to start profiling at: SGLang's default (output_len // 2) when the
+    profiled steps fit before the last of the output_len - 1 decode steps, else as late as fits.
+    SGLang itself never stops (so never writes the trace) when they do not fit."""
+    decode_steps = output_len - 1
+    if profile_steps > decode_steps:
+        raise RunError(f"workload.profile_steps {profile_steps}: more than the {decode_steps} decode steps "
+                       f"of output_len {output_len}; raise output_len to at least {profile_steps + 1}")
+    return min(output_len // 2, decode_steps - profile_steps)
+
+
+def count_profiled_steps(workload: Workload, flags: BenchFlags) -> int:
+    """Decode steps in the trace: the requested ones, one (releases without --profile-steps), or
+    the whole run of the oldest releases (the prefill and every decode step: output_len)."""
+    if not flags.stage:
+        return workload.output_len
+    return workload.profile_steps if flags.steps else 1
+
+
+def build_one_batch_argv(python: str, module: str, workload: Workload, *, result_file: str, run_name: str,
+                         profile_prefix: str, flags: BenchFlags) -> list[str]:
+    """The benchmark's command line, one value per argv element; optional profiling flags only
+    where `flags` says the checkout accepts them."""
+    if workload.model_path is None:
+        raise RunError("workload.model_path: the sglang engine needs a model path")
+    argv = [python, "-m", module, "--model-path", workload.model_path,
+            "--batch-size", str(workload.batch_size), "--input-len", str(workload.input_len),
+            "--output-len", str(workload.output_len), "--run-name", run_name,
+            "--result-filename", result_file, "--profile"]
+    if flags.record_shapes:
+        argv.append("--profile-record-shapes")
+    if flags.stage:
+        argv += ["--profile-stage", "decode"]
+    if flags.steps:
+        argv += ["--profile-steps", str(workload.profile_steps)]
+        if flags.start_step:
+            argv += ["--profile-start-step",
+                     str(plan_profile_start_step(workload.output_len, workload.profile_steps))]
+    if flags.prefix:
+        argv += [flags.prefix, profile_prefix]
+    if workload.load_format:
+        argv += ["--load-format", workload.load_format]
+    if workload.kv_cache_dtype:
+        argv += ["--kv-cache-dtype", workload.kv_cache_dtype]
+    if workload.attention_backend:
+        argv += ["--attention-backend", workload.attention_backend]
+    if workload.tp != 1:
+        argv += ["--tp-size", str(workload.tp)]
+    return argv + list(workload.extra_args)
+
+
+def parse_result_jsonl(text: str, where: str = "result JSONL") -> dict:
+    """The last record of the benchmark's --result-filename (it appends one per run)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise RunError(f"{where}: empty, the benchmark wrote no result")
+    try:
+        record = json.loads(lines[-1])
+    except ValueError as e:
+        raise RunError(f"{where}: line {len(lines)} is not JSON ({e})") from None
+    if not isinstance(record, dict):
+        raise RunError(f"{where}: line {len(lines)} is not a JSON object")
+    return record
+
+
+def read_decode_figures(record: dict, where: str = "result JSONL") -> tuple[float, float]:
+    """(median decode latency in s, median decode throughput in tok/s) of a JSONL record."""
+    try:
+        latency_s = float(record["median_decode_latency"])
+        tok_per_s = float(record["median_decode_throughput"])
+    except KeyError as e:
+        raise RunError(f"{where}: the record has no {e.args[0]!r} (output_len 1 has no decode step)") from None
+    except (TypeError, ValueError):
+        raise RunError(f"{where}: median_decode_latency/throughput are not numbers") from None
+    if not (latency_s > 0 and tok_per_s > 0):
+        raise RunError(f"{where}: median decode latency {latency_s} s / throughput {tok_per_s} tok/s")
+    return latency_s, tok_per_s
+
+
+_NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|inf)"
+_MEDIAN_LINE = re.compile(rf"Decode\.\s+median latency:\s*{_NUMBER} s, median throughput:\s*{_NUMBER} token/s")
+# Older releases: `Decode.  latency: ...`; later ones `Decode 3. Batch size: 1, latency: ...`.
+_STEP_LINE = re.compile(rf"Decode(?:\.| \d+\. Batch size: \d+,)\s+latency:\s*{_NUMBER} s, "
+                        rf"throughput:\s*{_NUMBER} token/s")
+
+
+def parse_printed_decode(text: str) -> tuple[float, float]:
+    """(median decode latency in s, median throughput in tok/s) from the benchmark's printed
+    output, after its last `Benchmark ...` line (before it is the warm-up): its median line, else
+    the median of the per-step lines (releases that print no median line; they print the first
+    five steps only)."""
+    at = text.rfind("Benchmark ...")
+    text = text[at:] if at >= 0 else text
+    medians = _MEDIAN_LINE.findall(text)
+    if medians:
+        latency_s, tok_per_s = (float(v) for v in medians[-1])
+    else:
+        steps = _STEP_LINE.findall(text)
+        if not steps:
+            raise RunError("the benchmark printed no `Decode.  median latency` line and no per-step "
+                           "`Decode ... latency` lines")
+        latency_s = statistics.median(float(s) for s, _ in steps)
+        tok_per_s = statistics.median(float(t) for _, t in steps)
+    if not (latency_s > 0 and tok_per_s > 0):
+        raise RunError(f"the benchmark printed a median decode latency of {latency_s} s, {tok_per_s} tok/s")
+    return latency_s, tok_per_s
+
+
+def list_decode_trace_names(prefix: str, bs: int, il: int, ol: int) -> list[str]:
+    """The names the one-batch benchmark gives its decode trace, newest layout first."""
+    stem = f"{prefix}_batch{bs}_input{il}_output{ol}"
+    return [f"{stem}_decode.trace.json.gz", f"{stem}.trace.json.gz",
+            f"{stem}_decode.trace.json", f"{stem}.trace.json"]
+
+
+def find_decode_trace(names: list[str], prefix: str, bs: int, il: int, ol: int) -> str:
+    """The decode trace among `names` (a directory listing)."""
+    present = set(names)
+    for name in list_decode_trace_names(prefix, bs, il, ol):
+        if name in present:
+            return name
+    expected = list_decode_trace_names(prefix, bs, il, ol)[:2]
+    found = ", ".join(sorted(n for n in names if ".json" in n)) or "no trace files"
+    raise RunError(f"no decode trace: expected {expected[0]} (or {expected[1]}), found {found}")
+
+
+_SERVER_TRACE = re.compile(
+    r"^(?:(?P<prefix>.+)-)?(?P<id>[^-/]+)-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?"
+    r"(?:-EP-(?P<ep>\d+))?(?:-(?P<stage>EXTEND|DECODE))?\.trace\.json(?:\.gz)?$")
+
+
+def find_server_traces(names: list[str], profile_id: str, prefix: str | None = None) -> list[str]:
+    """Every rank's decode trace of one server profile (`POST /start_profile`), ordered by TP,
+    DP, PP and EP rank: `[prefix-]{profile_id}-TP-{rank}[-DP-..][-PP-..][-EP-..][-EXTEND|-DECODE]`.
+    The DECODE ones of a by-stage profile, else the ones without a stage (/stop_profile's)."""
+    hits = []
+    for name in names:
+        m = _SERVER_TRACE.match(name)
+        if not m or m["id"] != profile_id or (m["prefix"] or None) != (prefix or None):
+            continue
+        ranks = tuple(int(m[k] or 0) for k in ("tp", "dp", "pp", "ep"))
+        hits.append((m["stage"], ranks, name))
+    chosen = [h for h in hits if h[0] == "DECODE"] or [h for h in hits if h[0] is None]
+    if not chosen:
+        stages = sorted({h[0] for h in hits})
+        raise RunError(f"no decode traces of server profile {profile_id!r}"
+                       + (f" with prefix {prefix!r}" if prefix else "")
+                       + (f": only {', '.join(stages)} ones" if stages else f" among {len(names)} files"))
+    return [name for _, _, name in sorted(chosen, key=lambda h: h[1])]
+
+
+VERSIONS_SCRIPT = r'''
+import json, platform, re, subprocess, sys
+from importlib import metadata
+found = {"python": platform.python_version(), "sglang": None, "sglang_kernel": None,
+         "sglang_kernel_package": None, "sglang_kernel_pinned": None, "torch": None, "cuda": None,
+         "driver": None, "gpu": None, "gpu_count": None, "cpu": platform.processor() or platform.machine()}
+checkout = sys.argv[1] if len(sys.argv) > 1 else "."
+try:
+    import sglang
+    found["sglang"] = str(sglang.__version__)
+except Exception:
+    for rel in ("python/sglang/version.py", "python/sglang/__init__.py"):
+        try:
+            m = re.search(r"__version__\s*=\s*[\"']([^\"']+)", open(checkout + "/" + rel).read())
+        except OSError:
+            m = None
+        if m:
+            found["sglang"] = m.group(1)
+            break
+for package in ("sglang-kernel", "sgl-kernel"):
+    try:
+        found["sglang_kernel"] = metadata.version(package)
+        found["sglang_kernel_package"] = package
+        break
+    except Exception:
+        pass
+try:
+    pin = re.search(r"\b(sglang-kernel|sgl-kernel)\s*==\s*([0-9][^\"',\s]*)",
+                    open(checkout + "/python/pyproject.toml").read())
+    found["sglang_kernel_pinned"] = pin.group(2) if pin else None
+except OSError:
+    pass
+try:
+    import torch
+    found["torch"] = torch.__version__
+    found["cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        found["gpu"] = torch.cuda.get_device_name(0)
+        found["gpu_count"] = torch.cuda.device_count()
+except Exception:
+    pass
+try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
+    if out:
+        driver, _, name = out[0].partition(",")
+        found["driver"] = driver.strip() or None
+        found["gpu"] = found["gpu"] or name.strip() or None
+        found["gpu_count"] = found["gpu_count"] or len(out)
+except Exception:
+    pass
+print(json.dumps(found))
+'''
+
+LAYERS_SCRIPT = r'''
+import json, os, sys
+layers = None
+try:
+    with open(os.path.join(sys.argv[1], "config.json")) as f:
+        config = json.load(f)
+    for scope in (config, config.get("text_config") or {}, config.get("language_config") or {}):
+        if isinstance(scope.get("num_hidden_layers"), int):
+            layers = scope["num_hidden_layers"]
+            break
+except Exception:
+    pass
+print(json.dumps({"layers": layers}))
+'''
+
+LIST_SCRIPT = r'''
+import json, os, sys
+print(json.dumps(sorted(os.listdir(sys.argv[1]))))
+'''
+
+PYTHONPATH_SCRIPT = r'''
+import json, os
+print(json.dumps(os.environ.get("PYTHONPATH", "")))
+'''
+
+
+def parse_json_line(output: str, what: str):
+    """The last line of a probe's output that is JSON (importing packages may print first)."""
+    for line in reversed(output.strip().splitlines()):
+        line = line.strip()
+        if line[:1] in "{[\"":
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise RunError(f"{what}: printed no JSON (output ends: {output.strip()[-200:]!r})")
+
+
+def describe_device(versions: dict, device_type: str) -> dict:
+    """The manifest's device: the GPU the versions probe saw, or the CPU."""
+    if versions.get("gpu"):
+        return {"type": "cuda", "name": versions["gpu"], "count": versions.get("gpu_count"),
+                "driver": versions.get("driver")}
+    return {"type": device_type, "name": versions.get("cpu")}
+
+
+def build_manifest(spec: RunSpec, *, sha: str, measured: Measured, versions: dict, layers: int | None,
+                   patches: list[str]) -> Manifest:
+    """An sglang run's manifest. SGLang reports only a median decode step, so p10 and p90
+    equal the median and step_ms holds that one figure."""
+    median_ms = measured.latency_s * 1000.0
+    workload = {k: v for k, v in asdict(spec.workload).items() if k not in _REFERENCE_ONLY}
+    workload["extra_args"] = list(spec.workload.extra_args)
+    return Manifest(
+        engine="sglang", variant=spec.variant, workload=workload,
+        device=describe_device(versions, spec.device), versions=versions, traces=list(measured.traces),
+        timing=Timing(step_ms=[median_ms], median_ms=median_ms, p10_ms=median_ms, p90_ms=median_ms,
+                      tok_per_s=measured.tok_per_s, method=measured.method),
+        layers=layers, repo=spec.repo, commit=sha, profiled_steps=measured.profiled_steps,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        extra={**measured.extra, "patches": patches})
+
+
+# --- The server path (TP > 1): launch_server, POST /start_profile, a streaming load -----------
+
+LAUNCH_SERVER_FILE = "python/sglang/launch_server.py"
+SERVER_TIMING_METHOD = "sglang-server-stream"
+
+
+def build_server_argv(python: str, workload: Workload) -> list[str]:
+    """`python -m sglang.launch_server ...` without --host/--port (the driver picks a free port)."""
+    if workload.model_path is None:
+        raise RunError("workload.model_path: the sglang engine needs a model path")
+    argv = [python, "-m", "sglang.launch_server", "--model-path", workload.model_path,
+            "--tp-size", str(workload.tp)]
+    if workload.load_format:
+        argv += ["--load-format", workload.load_format]
+    if workload.kv_cache_dtype:
+        argv += ["--kv-cache-dtype", workload.kv_cache_dtype]
+    if workload.attention_backend:
+        argv += ["--attention-backend", workload.attention_backend]
+    return argv + list(workload.extra_args)
+
+
+def build_profile_request(output_dir: str, profile_steps: int, profile_prefix: str, profile_id: str) -> dict:
+    """The body of `POST /start_profile`: `profile_steps` decode steps of every rank, by stage
+    (so the DECODE trace holds decode steps only), with stacks and shapes."""
+    return {"output_dir": output_dir, "num_steps": profile_steps, "activities": ["CPU", "GPU"],
+            "profile_by_stage": True, "with_stack": True, "record_shapes": True,
+            "profile_prefix": profile_prefix, "profile_id": profile_id}
+
+
+def check_server_workload(workload: Workload) -> None:
+    """The server stops a by-stage decode profile on the decode step after the last profiled one,
+    so the load must run at least profile_steps + 1 decode steps."""
+    if workload.output_len < workload.profile_steps + 2:
+        raise RunError(f"workload.output_len {workload.output_len}: the server path needs at least "
+                       f"profile_steps + 2 = {workload.profile_steps + 2} output tokens")
+
+
+def build_driver_config(server_argv: list[str], workload: Workload, *, result_file: str, trace_dir: str,
+                        profile_request: dict, startup_timeout_s: float, trace_timeout_s: float = 600.0) -> dict:
+    """What SERVER_DRIVER_SCRIPT reads from its one argument (JSON)."""
+    return {"server_argv": server_argv, "batch_size": workload.batch_size, "input_len": workload.input_len,
+            "output_len": workload.output_len, "ranks": workload.tp, "result_file": result_file,
+            "trace_dir": trace_dir,
+            "trace_stem": f"{profile_request['profile_prefix']}-{profile_request['profile_id']}",
+            "profile_request": profile_request, "startup_timeout_s": startup_timeout_s,
+            "trace_timeout_s": trace_timeout_s, "run_name": RUN_NAME}
+
+
+# Runs on the host, standard library only: launch the server on a free port, wait for /health,
+# warm up, POST /start_profile, send batch_size streaming /generate requests at once, print the
+# decode figures in the one-batch benchmark's format and append its JSONL record, wait until every
+# rank's DECODE trace is written (POST /stop_profile if they do not come), stop the server. The
+# server is its child in its process group, so a timeout or cancel of the driver stops it too.
+SERVER_DRIVER_SCRIPT = r'''
+import json, os, socket, statistics, subprocess, sys, threading, time, urllib.request
+
+cfg = json.loads(sys.argv[1])
+
+
+def say(text):
+    print(f"[stepwatch driver] {text}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url, body, timeout_s):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return r.read().decode(errors="replace").strip()
+
+
+def is_healthy(url):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def wait_healthy(url, server, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            sys.exit(f"the server exited with code {server.returncode} before it was healthy")
+        if is_healthy(url):
+            return
+        time.sleep(1)
+    sys.exit(f"the server was not healthy after {timeout_s:.0f} s")
+
+
+def stream(url, input_ids, max_new_tokens):
+    """(arrival time, completion tokens so far) of each streamed chunk of one request."""
+    body = {"input_ids": input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}}
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    chunks = []
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for raw in r:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            out = json.loads(data)
+            if "error" in out:
+                raise RuntimeError(f"/generate: {out['error']}")
+            done = (out.get("meta_info") or {}).get("completion_tokens", len(chunks) + 1)
+            chunks.append((time.perf_counter(), done))
+    return chunks
+
+
+def run_batch(url, batch_size, input_len, max_new_tokens):
+    """batch_size streaming requests sent at once; each one's chunks."""
+    results, errors = [None] * batch_size, []
+
+    def one(i):
+        ids = [100 + (i * 7919 + j * 104729) % 9000 for j in range(input_len)]
+        try:
+            results[i] = stream(url, ids, max_new_tokens)
+        except Exception as e:
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(batch_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        sys.exit(f"a /generate request failed: {errors[0]}")
+    return results
+
+
+def step_latency_s(chunks):
+    """One request's mean decode step: from its first streamed token to its last, per token."""
+    if len(chunks) < 2 or chunks[-1][1] <= chunks[0][1]:
+        return None
+    return (chunks[-1][0] - chunks[0][0]) / (chunks[-1][1] - chunks[0][1])
+
+
+def wait_traces(folder, stem, ranks, timeout_s, decode_only):
+    """Every rank's trace, once their sizes stop changing; None after timeout_s."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        names = sorted(n for n in os.listdir(folder) if n.startswith(stem + "-TP-") and ".trace.json" in n
+                       and (not decode_only or "-DECODE.trace.json" in n))
+        if len(names) >= ranks:
+            sizes = [os.path.getsize(os.path.join(folder, n)) for n in names]
+            if sizes == last:
+                return names
+            last = sizes
+        time.sleep(2)
+    return None
+
+
+def measure(url):
+    bs, il, ol = cfg["batch_size"], cfg["input_len"], cfg["output_len"]
+    say("warm-up")
+    run_batch(url, bs, il, min(8, ol))
+    say("start_profile: " + post(url + "/start_profile", cfg["profile_request"], 600))
+    print("Benchmark ...", flush=True)
+    steps = [s for s in map(step_latency_s, run_batch(url, bs, il, ol)) if s]
+    if not steps:
+        sys.exit("no request streamed more than one token")
+    latency = statistics.median(steps)
+    throughput = bs / latency
+    print(f"Decode.  median latency: {latency:6.5f} s, median throughput: {throughput:9.2f} token/s", flush=True)
+    record = {"run_name": cfg["run_name"], "batch_size": bs, "input_len": il, "output_len": ol,
+              "median_decode_latency": latency, "median_decode_throughput": throughput,
+              "method": "server-stream", "requests": len(steps)}
+    with open(cfg["result_file"], "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def collect_traces(url):
+    names = wait_traces(cfg["trace_dir"], cfg["trace_stem"], cfg["ranks"], cfg["trace_timeout_s"], True)
+    if names is None:
+        say("no DECODE trace from every rank yet; stop_profile: " + post(url + "/stop_profile", {}, 600))
+        names = wait_traces(cfg["trace_dir"], cfg["trace_stem"], cfg["ranks"], cfg["trace_timeout_s"], False)
+    if names is None:
+        sys.exit(f"the server wrote no trace of every rank into {cfg['trace_dir']}")
+    say("traces: " + ", ".join(names))
+
+
+port = free_port()
+url = f"http://127.0.0.1:{port}"
+say("launching: " + " ".join(cfg["server_argv"]))
+server = subprocess.Popen(cfg["server_argv"] + ["--host", "127.0.0.1", "--port", str(port)])
+try:
+    wait_healthy(url, server, cfg["startup_timeout_s"])
+    measure(url)
+    collect_traces(url)
+finally:
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+'''
+
+
+# ---------------------------------------------------------------------------------------------
+# The run, on a host
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostDirs:
+    """The run's directories on the host, all under one temporary directory."""
+
+    base: str
+    worktree: str
+    profile: str
+    patches: str
+    result_file: str
+
+    @classmethod
+    def under(cls, base: str) -> "HostDirs":
+        join = lambda *p: str(PurePosixPath(base, *p))  # noqa: E731
+        return cls(base, join("worktree"), join("profile"), join("patches"), join("result.jsonl"))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one way of measuring (one-batch benchmark or server) found."""
+
+    traces: list[str]  # file names in the profiler directory
+    latency_s: float
+    tok_per_s: float
+    profiled_steps: int
+    method: str  # Timing.method
+    output: str  # the benchmark's (or driver's) log
+    extra: dict
+
+
+@dataclass(frozen=True)
+class Context:
+    host: Host
+    python: str
+    dirs: HostDirs
+    spec: RunSpec
+    staging: Path  # local
+    on_line: Callable[[str], None] | None
+    should_stop: Callable[[], bool] | None
+
+
+def _probe(host: Host, argv: list[str], what: str, **kw):
+    return parse_json_line(host.run(argv, timeout_s=_SHORT_S, **kw).output, what)
+
+
+def _has_file(host: Host, root: str) -> Callable[[str], bool]:
+    def has_file(rel: str) -> bool:
+        path = str(PurePosixPath(root, rel))
+        return host.run(["test", "-f", path], timeout_s=_SHORT_S, check=False).returncode == 0
+    return has_file
+
+
+def apply_patches(host: Host, dirs: HostDirs, patch_files: tuple[str, ...], where: str) -> list[str]:
+    """Put each patch on the host and `git apply` it in the worktree; return the applied names."""
+    applied = []
+    for i, local in enumerate(patch_files):
+        slot = str(PurePosixPath(dirs.patches, str(i)))
+        host.run(["mkdir", "-p", "--", slot], timeout_s=_SHORT_S)
+        remote = host.put(Path(local), slot)
+        done = host.run(["git", "-C", dirs.worktree, "apply", "--whitespace=nowarn", "--", remote],
+                        timeout_s=_SHORT_S, check=False)
+        if done.returncode != 0:
+            message = done.output.strip()
+            raise PatchFailed(f"patch {Path(local).name} does not apply to {where}: {message}",
+                              patch=str(local), output=message)
+        applied.append(Path(local).name)
+    return applied
+
+
+def read_host_text(host: Host, remote: str, staging: Path) -> str:
+    """A small text file of the host, through a local copy."""
+    local = host.get(remote, staging)
+    try:
+        return local.read_text(errors="replace")
+    finally:
+        local.unlink(missing_ok=True)
+
+
+def run_in_worktree(ctx: Context, argv: list[str]) -> str:
+    """Run argv with the worktree's sources first on PYTHONPATH, a fresh profiler directory as
+    SGLANG_TORCH_PROFILER_DIR and as the working directory; return its output."""
+    host_path = _probe(ctx.host, [ctx.python, "-c", PYTHONPATH_SCRIPT], "PYTHONPATH probe")
+    pythonpath = str(PurePosixPath(ctx.dirs.worktree, "python")) + (f":{host_path}" if host_path else "")
+    env = {"PYTHONPATH": pythonpath, "SGLANG_TORCH_PROFILER_DIR": ctx.dirs.profile, "PYTHONUNBUFFERED": "1"}
+    return ctx.host.run(argv, cwd=ctx.dirs.profile, env=env, timeout_s=ctx.spec.timeout_s, on_line=ctx.on_line,
+                        should_stop=ctx.should_stop).output
+
+
+def read_decode_result(ctx: Context, output: str) -> tuple[float, float, str, dict]:
+    """(latency s, tok/s, source, JSONL record or {}): the JSONL first, the printed lines else."""
+    try:
+        text = read_host_text(ctx.host, ctx.dirs.result_file, ctx.staging)
+    except RunError:
+        text = None
+    if text and text.strip():
+        record = parse_result_jsonl(text, "the benchmark's --result-filename")
+        latency_s, tok_per_s = read_decode_figures(record, "the benchmark's --result-filename")
+        return latency_s, tok_per_s, "jsonl", record
+    latency_s, tok_per_s = parse_printed_decode(output)
+    return latency_s, tok_per_s, "printed", {}
+
+
+def list_profile_dir(ctx: Context) -> list[str]:
+    return _probe(ctx.host, [ctx.python, "-c", LIST_SCRIPT, ctx.dirs.profile], "listing the profiler directory")
+
+
+def measure_one_batch(ctx: Context) -> Measured:
+    """SGLang's one-batch benchmark (TP 1): its JSONL or printed median, its decode trace."""
+    module = find_bench_module(_has_file(ctx.host, ctx.dirs.worktree))
+    source = read_host_text(ctx.host, str(PurePosixPath(ctx.dirs.worktree, module_path(module))), ctx.staging)
+    flags = detect_bench_flags(source)
+    w = ctx.spec.workload
+    argv = build_one_batch_argv(ctx.python, module, w, result_file=ctx.dirs.result_file, run_name=RUN_NAME,
+                                profile_prefix=PROFILE_PREFIX, flags=flags)
+    output = run_in_worktree(ctx, argv)
+    latency_s, tok_per_s, source_kind, record = read_decode_result(ctx, output)
+    trace = find_decode_trace(list_profile_dir(ctx), PROFILE_PREFIX, w.batch_size, w.input_len, w.output_len)
+    extra = {"module": module, "argv": argv, "bench_flags": asdict(flags), "timing_source": source_kind,
+             "result": record, "timing_note": "SGLang reports the median decode step only: p10 and p90 equal it"}
+    return Measured([trace], latency_s, tok_per_s, count_profiled_steps(w, flags), TIMING_METHOD, output, extra)
+
+
+def measure_server(ctx: Context) -> Measured:
+    """SGLang's server (any TP): every rank's DECODE trace, decode steps timed from streamed tokens."""
+    if not _has_file(ctx.host, ctx.dirs.worktree)(LAUNCH_SERVER_FILE):
+        raise RunError(f"the checkout has no {LAUNCH_SERVER_FILE}")
+    w = ctx.spec.workload
+    profile_id = uuid.uuid4().hex
+    request = build_profile_request(ctx.dirs.profile, w.profile_steps, PROFILE_PREFIX, profile_id)
+    server_argv = build_server_argv(ctx.python, w)
+    config = build_driver_config(server_argv, w, result_file=ctx.dirs.result_file, trace_dir=ctx.dirs.profile,
+                                 profile_request=request, startup_timeout_s=ctx.spec.timeout_s)
+    output = run_in_worktree(ctx, [ctx.python, "-c", SERVER_DRIVER_SCRIPT, json.dumps(config)])
+    latency_s, tok_per_s, source_kind, record = read_decode_result(ctx, output)
+    traces = find_server_traces(list_profile_dir(ctx), profile_id, PROFILE_PREFIX)
+    extra = {"module": "sglang.launch_server", "argv": server_argv, "profile_request": request,
+             "timing_source": source_kind, "result": record,
+             "timing_note": "decode step = a request's time from its first streamed token to its last, per "
+                            "token; median over the batch's requests; p10 and p90 equal it"}
+    return Measured(traces, latency_s, tok_per_s, w.profile_steps, SERVER_TIMING_METHOD, output, extra)
+
+
+def _check_runnable(spec: RunSpec, config: Config, sha: str, server: bool) -> tuple[str, tuple[str, ...]]:
+    """(repo path, patch files) of a spec this engine can run; RunError before anything runs."""
+    if spec.engine != "sglang":
+        raise RunError(f"spec.engine {spec.engine!r}: the sglang engine runs sglang specs only")
+    if spec.repo not in config.repos:
+        raise RunError(f"spec.repo {spec.repo!r}: not in the config's [repos]")
+    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        raise RunError(f"sha {sha!r}: expected a full commit sha (resolve the ref first)")
+    if spec.workload.model_path is None:
+        raise RunError("workload.model_path: the sglang engine needs a model path")
+    if server:
+        check_server_workload(spec.workload)
+    else:
+        plan_profile_start_step(spec.workload.output_len, spec.workload.profile_steps)
+    patches = () if spec.variant == "unpatched" else config.patches.get(spec.variant)
+    if patches is None:
+        raise RunError(f"spec.variant {spec.variant!r}: not a patch set in the config's [patches]")
+    for f in patches:
+        if not Path(f).is_file():
+            raise RunError(f"spec.variant {spec.variant!r}: patch file {f} does not exist")
+    return config.repos[spec.repo].path, tuple(patches)
+
+
+def run_sglang(spec: RunSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path,
+               on_line: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None,
+               on_progress: Callable[[int, int], None] | None = None) -> Path:
+    """Run `spec` at commit `sha` on `host`; return the local bundle directory (in work_dir_local).
+    TP 1 runs the one-batch benchmark, TP > 1 the server path (run_sglang_server).
+
+    Raises PatchFailed for a patch that does not apply, RunError for anything else that stops
+    the run (CommandFailed, CommandTimeout and CommandCancelled from the benchmark itself)."""
+    measure = measure_server if spec.workload.tp > 1 else measure_one_batch
+    return _run(spec, config, host, measure, sha=sha, work_dir_local=work_dir_local, on_line=on_line,
+                should_stop=should_stop, on_progress=on_progress)
+
+
+def run_sglang_server(spec: RunSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path,
+                      on_line: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None,
+                      on_progress: Callable[[int, int], None] | None = None) -> Path:
+    """As run_sglang, through SGLang's server whatever the TP size: `launch_server`, POST
+    /start_profile (by stage, profile_steps decode steps), a batch of streaming requests, every
+    rank's DECODE trace in the bundle."""
+    return _run(spec, config, host, measure_server, sha=sha, work_dir_local=work_dir_local, on_line=on_line,
+                should_stop=should_stop, on_progress=on_progress)
+
+
+def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context], Measured], *, sha: str,
+         work_dir_local: Path, on_line, should_stop, on_progress) -> Path:
+    repo_path, patch_files = _check_runnable(spec, config, sha, server=measure is measure_server)
+    python = config.host(spec.host).python
+    planned = len(STAGES)
+    progress = (lambda stage: on_progress(STAGES.index(stage) + 1, planned)) if on_progress else (lambda stage: None)
+    work_dir_local = Path(work_dir_local)
+    work_dir_local.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-{sha[:12]}-{spec.variant}-"))
+    dirs = HostDirs.under(host.mkdtemp("stepwatch-sglang-"))
+    try:
+        host.run(["mkdir", "-p", "--", dirs.profile, dirs.patches], timeout_s=_SHORT_S)
+        add_worktree(host, repo_path, sha, dirs.worktree)
+        progress("worktree")
+        applied = apply_patches(host, dirs, patch_files, f"{spec.repo}@{sha[:12]}")
+        progress("patches")
+        measured = measure(Context(host, python, dirs, spec, staging, on_line, should_stop))
+        progress("benchmark")
+        for name in measured.traces:
+            host.get(str(PurePosixPath(dirs.profile, name)), staging)
+        progress("trace")
+        env = {"PYTHONPATH": str(PurePosixPath(dirs.worktree, "python"))}
+        versions = _probe(host, [python, "-c", VERSIONS_SCRIPT, dirs.worktree], "versions probe",
+                          cwd=dirs.worktree, env=env)
+        layers = _probe(host, [python, "-c", LAYERS_SCRIPT, spec.workload.model_path],
+                        "model config probe").get("layers")
+        progress("versions")
+        (staging / "benchmark.log").write_text(measured.output)
+        manifest = build_manifest(spec, sha=sha, measured=measured, versions=versions,
+                                  layers=layers if isinstance(layers, int) and layers > 0 else None,
+                                  patches=applied)
+        write_bundle(staging, manifest)
+        bundle = staging.with_name(staging.name.lstrip("."))
+        staging.rename(bundle)
+        progress("bundle")
+        return bundle
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        remove_worktree(host, repo_path, dirs.worktree)  # also when `worktree add` stopped half-way
+        host.rmtree(dirs.base)

@@ -1,0 +1,567 @@
+"""The sglang engine: its pure functions on SGLang's real formats, and whole runs on this
+machine against a stand-in SGLang checkout.
+
+The formats below are copied from SGLang's sources: sglang 0.5.23's wheel
+(`sglang/benchmark/one_batch.py`, `sglang/srt/managers/scheduler_components/profiler_manager.py`)
+and earlier `python/sglang/bench_one_batch.py` revisions of github.com/sgl-project/sglang (the
+`--profile-filename-prefix` releases). The end-to-end tests run tests/standins/make_fake_sglang.py
+instead of SGLang, because SGLang cannot be installed on these machines (FACTS.md section 4);
+each says so.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ingest.categories import load_rule_chain
+from ingest.importer import ImportOptions, prepare_import
+from ingest.runs.engines.sglang import (
+    LAYERS_SCRIPT,
+    VERSIONS_SCRIPT,
+    SERVER_DRIVER_SCRIPT,
+    BenchFlags,
+    PatchFailed,
+    build_driver_config,
+    build_one_batch_argv,
+    build_profile_request,
+    build_server_argv,
+    check_server_workload,
+    count_profiled_steps,
+    detect_bench_flags,
+    find_bench_module,
+    find_decode_trace,
+    find_server_traces,
+    parse_json_line,
+    parse_printed_decode,
+    parse_result_jsonl,
+    plan_profile_start_step,
+    read_decode_figures,
+    run_sglang,
+    run_sglang_server,
+)
+from ingest.runs.errors import CommandCancelled, CommandFailed, RunError
+from ingest.runs.hosts import LocalHost
+from ingest.runs.spec import Config, HostConfig, RepoConfig, RunSpec, Workload
+from kernels.bundle import read_bundle
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
+from make_fake_sglang import GATHER_PATCH, STALE_PATCH, VERSION, make_fake_sglang, write_model_config  # noqa: E402
+
+# --- SGLang's real formats --------------------------------------------------------------------
+
+# sglang 0.5.23 sglang/benchmark/one_batch.py, the argparse lines the detection reads.
+ARGS_0_5_23 = '''
+        parser.add_argument("--profile", action="store_true", help="Enable profiling.")
+        parser.add_argument(
+            "--profile-record-shapes",
+            action="store_true",
+            help="Record tensor shapes in profiling results.",
+        )
+        parser.add_argument(
+            "--profile-stage",
+            type=str,
+            default=BenchArgs.profile_stage,
+            choices=["all", "prefill", "decode"],
+            help="Which stage to profile: all, prefill, or decode only.",
+        )
+        parser.add_argument(
+            "--profile-prefix",
+            dest="profile_prefix",
+            type=str,
+            default=BenchArgs.profile_prefix,
+        )
+        parser.add_argument(
+            "--profile-start-step",
+            type=int,
+            default=None,
+        )
+        parser.add_argument(
+            "--profile-steps",
+            type=int,
+            default=None,
+        )
+'''
+# A bench_one_batch.py of the releases between: stages and shapes, one profiled decode step.
+ARGS_STAGED = '''
+        parser.add_argument("--profile", action="store_true", help="Enable profiling.")
+        parser.add_argument(
+            "--profile-record-shapes",
+            action="store_true",
+            help="Record tensor shapes in profiling results.",
+        )
+        parser.add_argument(
+            "--profile-stage",
+            type=str,
+            default=BenchArgs.profile_stage,
+            choices=["all", "prefill", "decode"],
+            help="Which stage to profile: all, prefill, or decode only.",
+        )
+        parser.add_argument(
+            "--profile-filename-prefix",
+            type=str,
+            default=BenchArgs.profile_filename_prefix,
+        )
+'''
+# The earliest bench_one_batch.py: the whole run profiled, the trace written to the cwd.
+ARGS_EARLY = '''
+        parser.add_argument(
+            "--profile", action="store_true", help="Use Torch Profiler."
+        )
+        parser.add_argument(
+            "--profile-filename-prefix",
+            type=str,
+            default=BenchArgs.profile_filename_prefix,
+            help="Prefix of the profiling file names. The full profiling result file(s) be "
+            '"[profile_filename_prefix]_batch[batch_size]_input[input_len]_output[output_len].trace.json.gz"',
+        )
+'''
+
+# Output of sglang 0.5.23's one_batch: rank_print(f"Decode {i}. Batch size: {batch_size}, latency:
+# {latency:6.5f} s, throughput: {throughput:9.2f} token/s") for i < 5, then
+# f"Decode.  median latency: {med_decode_latency:6.5f} s, median throughput: {med_decode_throughput:9.2f} token/s".
+OUTPUT_0_5_23 = """max_total_num_tokens=495000
+Warmup ...
+Prefill. latency: 0.31207 s, throughput:   6562.62 token/s
+Decode 0. Batch size: 1, latency: 0.09511 s, throughput:     10.51 token/s
+Decode 1. Batch size: 1, latency: 0.09402 s, throughput:     10.64 token/s
+Decode.  median latency: 0.09402 s, median throughput:     10.64 token/s
+Total. latency:  0.594 s, throughput:   3458.32 token/s
+Benchmark ...
+Prefill. latency: 0.30112 s, throughput:   6801.27 token/s
+Decode 0. Batch size: 1, latency: 0.09333 s, throughput:     10.71 token/s
+Decode 1. Batch size: 1, latency: 0.09321 s, throughput:     10.73 token/s
+torch profiler chrome trace for decode saved to /tmp/prof/stepwatch_batch1_input2048_output32_decode.trace.json.gz
+Decode 2. Batch size: 1, latency: 0.09318 s, throughput:     10.73 token/s
+Decode.  median latency: 0.09320 s, median throughput:     10.73 token/s
+Total. latency:  3.187 s, throughput:    652.71 token/s
+"""
+# Early releases: rank_print(f"Decode.  latency: {latency:6.5f} s, throughput: {throughput:9.2f} token/s")
+# for i < 5 (and, before bench_one_batch, no median line at all).
+OUTPUT_EARLY_STEPS_ONLY = """Warmup ...
+Decode.  latency: 0.50000 s, throughput:      2.00 token/s
+Benchmark ...
+Prefill. latency: 0.31207 s, throughput:   6562.62 token/s
+Decode.  latency: 0.09600 s, throughput:     10.42 token/s
+Decode.  latency: 0.09300 s, throughput:     10.75 token/s
+Decode.  latency: 0.09400 s, throughput:     10.64 token/s
+Total. latency:  3.187 s, throughput:    652.71 token/s
+"""
+
+# One --result-filename line of sglang 0.5.23 (json.dumps of measurement_results).
+RESULT_LINE = ('{"run_name": "stepwatch", "batch_size": 1, "input_len": 2048, "output_len": 32, '
+               '"prefill_latency": 0.30112, "prefill_throughput": 6801.27, "median_decode_latency": 0.0932, '
+               '"median_decode_throughput": 10.729613733905579, "total_latency": 3.187, '
+               '"overall_throughput": 652.71}')
+
+
+def test_find_bench_module_prefers_the_current_name():
+    assert find_bench_module(lambda p: p == "python/sglang/benchmark/one_batch.py") == "sglang.benchmark.one_batch"
+    assert find_bench_module(lambda p: p == "python/sglang/bench_one_batch.py") == "sglang.bench_one_batch"
+    assert find_bench_module(lambda p: True) == "sglang.benchmark.one_batch"
+    with pytest.raises(RunError, match="no one-batch benchmark"):
+        find_bench_module(lambda p: False)
+
+
+def test_detect_bench_flags_across_releases():
+    assert detect_bench_flags(ARGS_0_5_23) == BenchFlags()
+    assert detect_bench_flags(ARGS_STAGED) == BenchFlags(prefix="--profile-filename-prefix", stage=True,
+                                                         steps=False, start_step=False, record_shapes=True)
+    assert detect_bench_flags(ARGS_EARLY) == BenchFlags(prefix="--profile-filename-prefix", stage=False,
+                                                        steps=False, start_step=False, record_shapes=False)
+    # A release that kept the old name as an alias gets the new one.
+    assert detect_bench_flags(ARGS_STAGED.replace('"--profile-filename-prefix",',
+                                                  '"--profile-prefix",\n"--profile-filename-prefix",')).prefix \
+        == "--profile-prefix"
+
+
+WORKLOAD = Workload(model_path="/models/glm-5", load_format="dummy", batch_size=1, input_len=2048, output_len=32,
+                    kv_cache_dtype="fp8_e4m3", attention_backend="flashinfer", profile_steps=3,
+                    extra_args=("--mem-fraction-static=0.8",))
+
+
+def test_build_one_batch_argv_current_release():
+    argv = build_one_batch_argv("/venv/bin/python", "sglang.benchmark.one_batch", WORKLOAD,
+                                result_file="/tmp/x/result.jsonl", run_name="stepwatch", profile_prefix="sw",
+                                flags=BenchFlags())
+    assert argv == ["/venv/bin/python", "-m", "sglang.benchmark.one_batch", "--model-path", "/models/glm-5",
+                    "--batch-size", "1", "--input-len", "2048", "--output-len", "32", "--run-name", "stepwatch",
+                    "--result-filename", "/tmp/x/result.jsonl", "--profile", "--profile-record-shapes",
+                    "--profile-stage", "decode", "--profile-steps", "3", "--profile-start-step", "16",
+                    "--profile-prefix", "sw", "--load-format", "dummy", "--kv-cache-dtype", "fp8_e4m3",
+                    "--attention-backend", "flashinfer", "--mem-fraction-static=0.8"]
+
+
+def test_build_one_batch_argv_early_release_and_options():
+    early = BenchFlags(prefix="--profile-filename-prefix", stage=False, steps=False, start_step=False,
+                       record_shapes=False)
+    w = Workload(model_path="m", tp=2, batch_size=8, input_len=16, output_len=4)
+    argv = build_one_batch_argv("python3", "sglang.bench_one_batch", w, result_file="r", run_name="n",
+                                profile_prefix="p", flags=early)
+    assert argv == ["python3", "-m", "sglang.bench_one_batch", "--model-path", "m", "--batch-size", "8",
+                    "--input-len", "16", "--output-len", "4", "--run-name", "n", "--result-filename", "r",
+                    "--profile", "--profile-filename-prefix", "p", "--tp-size", "2"]
+    # A value that looks like a flag still travels as one argv element after its flag.
+    odd = Workload(model_path="dir with space/model")
+    argv = build_one_batch_argv("python3", "m", odd, result_file="r", run_name="n", profile_prefix="p",
+                                flags=BenchFlags())
+    assert argv[argv.index("--model-path") + 1] == "dir with space/model"
+
+
+def test_plan_profile_start_step():
+    assert plan_profile_start_step(32, 3) == 16  # SGLang's default, output_len // 2
+    assert plan_profile_start_step(32, 30) == 1  # 30 steps of 31 decode steps: start as late as fits
+    assert plan_profile_start_step(8, 7) == 0
+    with pytest.raises(RunError, match="raise output_len to at least 9"):
+        plan_profile_start_step(8, 8)
+    assert count_profiled_steps(WORKLOAD, BenchFlags()) == 3
+    assert count_profiled_steps(WORKLOAD, BenchFlags(steps=False)) == 1
+    assert count_profiled_steps(WORKLOAD, BenchFlags(stage=False, steps=False)) == 32
+
+
+def test_parse_result_jsonl_takes_the_last_record():
+    older = RESULT_LINE.replace("10.729613733905579", "9.0")
+    record = parse_result_jsonl(older + "\n" + RESULT_LINE + "\n\n")
+    assert record["run_name"] == "stepwatch" and record["output_len"] == 32
+    assert read_decode_figures(record) == (0.0932, 10.729613733905579)
+    with pytest.raises(RunError, match="empty"):
+        parse_result_jsonl("\n")
+    with pytest.raises(RunError, match="line 2 is not JSON"):
+        parse_result_jsonl(RESULT_LINE + "\n{truncated")
+    with pytest.raises(RunError, match="median_decode_latency"):
+        read_decode_figures({"run_name": "x", "batch_size": 1, "output_len": 1})
+
+
+def test_parse_printed_decode_reads_the_benchmark_not_the_warmup():
+    assert parse_printed_decode(OUTPUT_0_5_23) == (0.0932, 10.73)
+    # Without a median line: the median of the per-step lines after `Benchmark ...`.
+    assert parse_printed_decode(OUTPUT_EARLY_STEPS_ONLY) == (0.094, 10.64)
+    steps_only = "\n".join(line for line in OUTPUT_0_5_23.splitlines() if "median" not in line)
+    assert parse_printed_decode(steps_only) == (0.09321, 10.73)
+    with pytest.raises(RunError, match="printed no"):
+        parse_printed_decode("Warmup ...\nBenchmark ...\nTotal. latency:  3.187 s\n")
+
+
+def test_find_decode_trace_current_and_old_names():
+    current = "stepwatch_batch1_input2048_output32_decode.trace.json.gz"
+    old = "stepwatch_batch1_input2048_output32.trace.json.gz"
+    prefill = "stepwatch_batch1_input2048_output32_prefill.trace.json.gz"
+    assert find_decode_trace([prefill, current, old], "stepwatch", 1, 2048, 32) == current
+    assert find_decode_trace([old, "result.jsonl"], "stepwatch", 1, 2048, 32) == old
+    assert find_decode_trace(["stepwatch_batch1_input2048_output32.trace.json"], "stepwatch", 1, 2048, 32) \
+        == "stepwatch_batch1_input2048_output32.trace.json"
+    with pytest.raises(RunError, match=f"expected {current}.*found {prefill}"):
+        find_decode_trace([prefill], "stepwatch", 1, 2048, 32)
+    with pytest.raises(RunError, match="found no trace files"):
+        find_decode_trace([], "stepwatch", 1, 2048, 32)
+
+
+def test_find_server_traces_all_ranks_in_rank_order():
+    # profiler_manager._stop_profile: stage_prefix + "-".join([profile_id, f"TP-{tp_rank}", ...])
+    # + f"-{stage.name}" + ".trace.json.gz"; profile_id defaults to str(time.time()).
+    pid = "1764412345.6789012"
+    names = [f"{pid}-TP-{r}.trace.json.gz" for r in (2, 0, 10, 1)] + ["1764412000.1-TP-0.trace.json.gz"]
+    assert find_server_traces(names, pid) == [f"{pid}-TP-{r}.trace.json.gz" for r in (0, 1, 2, 10)]
+    staged = [f"my-run-{pid}-TP-{r}-DP-0-{s}.trace.json.gz" for r in (1, 0) for s in ("EXTEND", "DECODE")]
+    assert find_server_traces(staged, pid, "my-run") == [f"my-run-{pid}-TP-{r}-DP-0-DECODE.trace.json.gz"
+                                                          for r in (0, 1)]
+    with pytest.raises(RunError, match="no decode traces of server profile .* among 4 files"):
+        find_server_traces(staged, pid)  # they carry a prefix
+    # A by-stage profile stopped by /stop_profile before its DECODE stage: the stageless files.
+    stopped = [f"{pid}-TP-0-EXTEND.trace.json.gz", f"{pid}-TP-0.trace.json.gz"]
+    assert find_server_traces(stopped, pid) == [f"{pid}-TP-0.trace.json.gz"]
+    with pytest.raises(RunError, match="only EXTEND ones"):
+        find_server_traces(stopped[:1], pid)
+
+
+def test_server_command_and_profile_request():
+    w = Workload(model_path="/models/glm-5", tp=8, load_format="dummy", kv_cache_dtype="fp8_e4m3",
+                 attention_backend="flashinfer", extra_args=("--mem-fraction-static=0.8",), output_len=32)
+    argv = build_server_argv("/venv/bin/python", w)
+    assert argv == ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/glm-5",
+                    "--tp-size", "8", "--load-format", "dummy", "--kv-cache-dtype", "fp8_e4m3",
+                    "--attention-backend", "flashinfer", "--mem-fraction-static=0.8"]
+    request = build_profile_request("/tmp/prof", 3, "stepwatch", "abc123")
+    assert request == {"output_dir": "/tmp/prof", "num_steps": 3, "activities": ["CPU", "GPU"],
+                       "profile_by_stage": True, "with_stack": True, "record_shapes": True,
+                       "profile_prefix": "stepwatch", "profile_id": "abc123"}
+    config = build_driver_config(argv, w, result_file="/tmp/r.jsonl", trace_dir="/tmp/prof",
+                                 profile_request=request, startup_timeout_s=60)
+    assert config["trace_stem"] == "stepwatch-abc123" and config["ranks"] == 8
+    assert json.loads(json.dumps(config)) == config  # travels as one argv element
+    compile(SERVER_DRIVER_SCRIPT, "driver", "exec")
+    check_server_workload(Workload(output_len=5, profile_steps=3))
+    with pytest.raises(RunError, match="at least profile_steps \\+ 2 = 5"):
+        check_server_workload(Workload(output_len=4, profile_steps=3))
+
+
+def test_versions_script_tolerates_missing_pieces(tmp_path):
+    (tmp_path / "python" / "sglang").mkdir(parents=True)
+    (tmp_path / "python" / "sglang" / "version.py").write_text('__version__ = "0.4.6.post1"\n')
+    (tmp_path / "python" / "pyproject.toml").write_text('dependencies = ["sgl-kernel==0.1.0", "torch"]\n')
+    out = subprocess.run([sys.executable, "-c", VERSIONS_SCRIPT, str(tmp_path)], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    found = parse_json_line(out.stdout, "versions")
+    import torch
+
+    assert found["sglang"] == "0.4.6.post1" and found["sglang_kernel_pinned"] == "0.1.0"
+    assert found["torch"] == torch.__version__ and found["python"]
+    for key in ("sglang_kernel", "cuda", "driver", "gpu"):
+        assert key in found  # null where this machine has none
+
+
+def test_layers_script(tmp_path):
+    def layers(config) -> int | None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        out = subprocess.run([sys.executable, "-c", LAYERS_SCRIPT, str(tmp_path)], capture_output=True, text=True)
+        return json.loads(out.stdout)["layers"]
+
+    assert layers({"num_hidden_layers": 78}) == 78
+    assert layers({"text_config": {"num_hidden_layers": 61}}) == 61
+    assert layers({"hidden_size": 1}) is None
+    (tmp_path / "config.json").unlink()
+    out = subprocess.run([sys.executable, "-c", LAYERS_SCRIPT, "org/model-on-the-hub"], capture_output=True, text=True)
+    assert json.loads(out.stdout) == {"layers": None}
+
+
+# --- Whole runs against the stand-in ----------------------------------------------------------
+
+class RecordingHost(LocalHost):
+    """This machine, remembering what it was asked to run and which temporary dirs it made."""
+
+    def __init__(self):
+        self.argvs: list[list[str]] = []
+        self.temp_dirs: list[str] = []
+
+    def run(self, argv, **kw):
+        self.argvs.append(list(argv))
+        return super().run(argv, **kw)
+
+    def mkdtemp(self, prefix="stepwatch-"):
+        self.temp_dirs.append(super().mkdtemp(prefix))
+        return self.temp_dirs[-1]
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    """A stand-in SGLang checkout (SGLang cannot be installed here, FACTS.md section 4)."""
+    root = tmp_path_factory.mktemp("fake-sglang")
+    made = make_fake_sglang(root / "sglang")
+    model = write_model_config(root / "model", layers=2)
+    config = Config(hosts={"local": HostConfig("local", python=sys.executable)},
+                    repos={"fake": RepoConfig("fake", str(made.path))},
+                    patches={"gather": (str(GATHER_PATCH),), "stale": (str(STALE_PATCH),)})
+    return made, model, config
+
+
+def _spec(model: Path, variant: str = "unpatched", **workload) -> RunSpec:
+    fields = dict(model_path=str(model), load_format="dummy", batch_size=1, input_len=16, output_len=8,
+                  kv_cache_dtype="fp8_e4m3", attention_backend="flashinfer", profile_steps=3)
+    return RunSpec(engine="sglang", workload=Workload(**{**fields, **workload}), repo="fake", ref="main",
+                   variant=variant, timeout_s=600)
+
+
+def _worktrees(repo: Path) -> list[str]:
+    out = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True,
+                         text=True, check=True).stdout
+    return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]
+
+
+def _run(fake, tmp_path_factory, sha_of: str = "current", **kw):
+    made, model, config = fake
+    host, lines, progress = RecordingHost(), [], []
+    spec = _spec(model, **kw)
+    bundle = run_sglang(spec, config, host, sha=getattr(made, f"{sha_of}_sha"),
+                        work_dir_local=tmp_path_factory.mktemp("work"), on_line=lines.append,
+                        should_stop=lambda: False, on_progress=lambda d, p: progress.append((d, p)))
+    return bundle, host, lines, progress
+
+
+@pytest.fixture(scope="module")
+def unpatched(fake, tmp_path_factory):
+    return _run(fake, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def patched(fake, tmp_path_factory):
+    return _run(fake, tmp_path_factory, variant="gather")
+
+
+def _top_op(bundle: Path):
+    record = prepare_import(bundle, load_rule_chain(), ImportOptions())
+    stats = record.kernel_stats.groupby("name")["total_us"].sum().sort_values(ascending=False)
+    return record, stats
+
+
+def test_run_current_layout_end_to_end(fake, unpatched):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4), current layout."""
+    made, model, _ = fake
+    bundle, host, lines, progress = unpatched
+    m = read_bundle(bundle)
+    assert (m.engine, m.variant, m.commit, m.repo) == ("sglang", "unpatched", made.current_sha, "fake")
+    assert m.traces == ["stepwatch_batch1_input16_output8_decode.trace.json.gz"]
+    assert m.extra["module"] == "sglang.benchmark.one_batch" and m.extra["timing_source"] == "jsonl"
+    result = m.extra["result"]
+    assert m.timing.tok_per_s == result["median_decode_throughput"]
+    assert m.timing.median_ms == pytest.approx(result["median_decode_latency"] * 1000)
+    assert m.timing.p10_ms == m.timing.p90_ms == m.timing.median_ms and m.timing.method == "sglang-one-batch"
+    assert m.layers == 2 and m.profiled_steps == 3
+    assert m.versions["sglang"] == VERSION and m.versions["sglang_kernel_pinned"] == "0.4.10"
+    assert m.workload["model_path"] == str(model) and "kv" not in m.workload
+    # The benchmark ran from the worktree, with SGLang's environment, in the profiler directory.
+    bench = next(a for a in host.argvs if "-m" in a)
+    assert bench[bench.index("-m") + 1] == "sglang.benchmark.one_batch" and "--profile-stage" in bench
+    assert any("Decode.  median latency" in line for line in lines)
+    assert progress == [(i, 6) for i in range(1, 7)]
+    # Nothing left behind: no worktree, no temporary directory on the host.
+    assert _worktrees(made.path) == [str(made.path)]
+    assert host.temp_dirs and not any(Path(d).exists() for d in host.temp_dirs)
+    with gzip.open(bundle / m.traces[0]) as f:
+        assert "traceEvents" in json.load(f)
+    record = prepare_import(bundle, load_rule_chain(), ImportOptions())
+    assert record.engine == "sglang" and record.tok_per_s == result["median_decode_throughput"]
+    assert record.steps == 3 and record.commit == made.current_sha
+
+
+def test_run_old_layout_end_to_end(fake, tmp_path_factory):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4), early layout:
+    sglang.bench_one_batch, --profile-filename-prefix, the whole run traced into the cwd."""
+    made, _, _ = fake
+    bundle, host, lines, _ = _run(fake, tmp_path_factory, sha_of="old")
+    m = read_bundle(bundle)
+    assert m.commit == made.old_sha and m.extra["module"] == "sglang.bench_one_batch"
+    assert m.traces == ["stepwatch_batch1_input16_output8.trace.json.gz"]
+    argv = m.extra["argv"]
+    assert "--profile-filename-prefix" in argv and "--profile-stage" not in argv and "--profile-steps" not in argv
+    assert m.profiled_steps == 8  # the prefill and all 7 decode steps
+    assert any(line.startswith("Decode.  latency:") for line in lines)
+    record = prepare_import(bundle, load_rule_chain(), ImportOptions())
+    assert record.tok_per_s == m.extra["result"]["median_decode_throughput"]
+    assert _worktrees(made.path) == [str(made.path)]
+
+
+def test_patched_variant_loses_the_whole_pool_cast(unpatched, patched):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4): the stand-in patch
+    replaces the whole-pool cast by a gather-then-cast, so the patched run really does less."""
+    before, before_ops = _top_op(unpatched[0])
+    after, after_ops = _top_op(patched[0])
+    manifest = read_bundle(patched[0])
+    assert manifest.variant == "gather" and manifest.extra["patches"] == [GATHER_PATCH.name]
+    assert before_ops.index[0] == "aten::copy_"  # the pool-sized FP8 -> BF16 cast tops the unpatched trace
+    assert after_ops.index[0] != "aten::copy_"
+    assert after_ops.get("aten::copy_", 0.0) < before_ops["aten::copy_"] / 10
+    assert after.tok_per_s > 2 * before.tok_per_s
+
+
+def test_patch_that_does_not_apply_leaves_nothing(fake, tmp_path):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4)."""
+    made, model, config = fake
+    host = RecordingHost()
+    with pytest.raises(PatchFailed) as err:
+        run_sglang(_spec(model, variant="stale"), config, host, sha=made.current_sha, work_dir_local=tmp_path)
+    assert "fake-stale-context.patch" in str(err.value) and "patch does not apply" in err.value.output
+    assert "patch failed: python/sglang/srt/layers/attention/flashinfer_mla_backend.py:10" in str(err.value)
+    assert not any("-m" in a for a in host.argvs), "the benchmark ran"
+    assert _worktrees(made.path) == [str(made.path)]
+    assert list(tmp_path.iterdir()) == [] and not any(Path(d).exists() for d in host.temp_dirs)
+
+
+def test_missing_trace_is_an_error(fake, tmp_path):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4). With the CUDA
+    profiler activity SGLang drives nsys and writes no torch trace; the stand-in does the same."""
+    made, model, config = fake
+    spec = _spec(model, extra_args=("--profile-activities=CUDA_PROFILER",))
+    with pytest.raises(RunError, match="no decode trace: expected stepwatch_batch1_input16_output8_decode"):
+        run_sglang(spec, config, LocalHost(), sha=made.current_sha, work_dir_local=tmp_path)
+    assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
+
+
+def test_printed_lines_when_no_jsonl(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4), told to write no JSONL."""
+    made, model, config = fake
+    monkeypatch.setenv("FAKE_SGLANG_NO_RESULT_FILE", "1")
+    bundle = run_sglang(_spec(model), config, LocalHost(), sha=made.current_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert m.extra["timing_source"] == "printed" and m.extra["result"] == {}
+    printed = parse_printed_decode((bundle / "benchmark.log").read_text())
+    assert (m.timing.median_ms / 1000, m.timing.tok_per_s) == pytest.approx(printed)
+
+
+def test_flag_the_release_lacks_fails_like_sglang(fake, tmp_path):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4): argparse rejects a flag
+    the checked-out release does not have, as SGLang does, and the run ends with its message."""
+    made, model, config = fake
+    spec = _spec(model, extra_args=("--profile-steps=3",))
+    with pytest.raises(CommandFailed, match="unrecognized arguments: --profile-steps=3"):
+        run_sglang(spec, config, LocalHost(), sha=made.old_sha, work_dir_local=tmp_path)
+    assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
+
+
+def test_refused_before_anything_runs(fake, tmp_path):
+    made, model, config = fake
+    host = RecordingHost()
+    with pytest.raises(RunError, match="expected a full commit sha"):
+        run_sglang(_spec(model), config, host, sha="--output=x", work_dir_local=tmp_path)
+    with pytest.raises(RunError, match="raise output_len"):
+        run_sglang(_spec(model, profile_steps=8), config, host, sha=made.current_sha, work_dir_local=tmp_path)
+    with pytest.raises(RunError, match="the server path needs at least"):
+        run_sglang(_spec(model, tp=2, output_len=4), config, host, sha=made.current_sha, work_dir_local=tmp_path)
+    assert host.argvs == [] and host.temp_dirs == []
+    assert _worktrees(made.path) == [str(made.path)]
+
+
+def test_server_path_every_rank(fake, tmp_path):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4): TP 2, two
+    scheduler processes, each writing its own DECODE trace as SGLang's profiler_manager names it."""
+    made, model, config = fake
+    lines, host = [], RecordingHost()
+    bundle = run_sglang(_spec(model, tp=2, batch_size=2, output_len=6), config, host, sha=made.current_sha,
+                        work_dir_local=tmp_path, on_line=lines.append)
+    m = read_bundle(bundle)
+    assert len(m.traces) == 2 and all(t.endswith("-DECODE.trace.json.gz") for t in m.traces)
+    assert [t.split("-TP-")[1][0] for t in m.traces] == ["0", "1"]
+    assert m.extra["module"] == "sglang.launch_server" and m.extra["profile_request"]["num_steps"] == 3
+    assert m.timing.method == "sglang-server-stream"
+    assert m.timing.tok_per_s == m.extra["result"]["median_decode_throughput"]
+    assert any("The server is fired up" in line for line in lines)
+    record = prepare_import(bundle, load_rule_chain(), ImportOptions())
+    assert record.ranks == 2 and record.steps == 3 and record.step_method == "span"
+    assert _worktrees(made.path) == [str(made.path)]
+    assert not _processes_of_run(host.temp_dirs[0])
+
+
+def test_server_path_at_tp_1_and_cancel_stops_the_server(fake, tmp_path):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4): a cancel
+    while the server runs stops the driver and the server's whole process tree."""
+    made, model, config = fake
+    seen, host = [], RecordingHost()
+    with pytest.raises(CommandCancelled):
+        run_sglang_server(_spec(model, output_len=6), config, host, sha=made.current_sha,
+                          work_dir_local=tmp_path, on_line=seen.append,
+                          should_stop=lambda: any("fired up" in line for line in seen))
+    assert not _processes_of_run(host.temp_dirs[0])
+    assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
+
+
+def _processes_of_run(base: str) -> list[int]:
+    """Live processes started for a run: its driver, server and rank processes all carry the
+    run's host directory in their environment (SGLANG_TORCH_PROFILER_DIR) or command line."""
+    import os
+    import time
+
+    time.sleep(0.5)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if any(base.encode() in (entry / part).read_bytes() for part in ("environ", "cmdline")):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
