@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--steps", type=_positive_int, metavar="N",
                      help="profiled steps, for a trace with no ProfilerStep and no CUDA graph launches")
     imp.add_argument("--rules", metavar="FILE", help="extra category rules (TOML), tried before the built-in ones")
+    imp.add_argument("--repo-path", metavar="PATH",
+                     help="a git checkout holding the commit, to record its date, author, subject and order "
+                          "(default: this checkout, for runs of the stepwatch repo)")
 
     run = sub.add_parser("run", help="run a benchmark now (recorded as a job) and import its result")
     _add_spec_arguments(run)
@@ -275,13 +278,35 @@ def run_samples(args) -> int:
     return 0
 
 
+def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
+    """The commit's date, author, subject and order, when a checkout here holds it."""
+    from .runs.engines.reference import ROOT
+    from .runs.git import describe_commit
+    from .runs.hosts import LocalHost
+
+    if commit is None:
+        return None
+    path = repo_path or (str(ROOT) if repo == "stepwatch" and (ROOT / ".git").exists() else None)
+    if path is None:
+        return None
+    try:
+        return describe_commit(LocalHost(), path, commit)
+    except RunError:
+        if repo_path:
+            raise RunError(f"--repo-path {repo_path}: has no commit {commit}") from None
+        return None  # a stepwatch commit this clone does not have: keep the sha alone
+
+
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
     opts = ImportOptions(repo=args.repo, commit=args.commit, variant=args.variant, layers=args.layers,
                          tok_per_s=args.tok_per_s, steps=args.steps)
     record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
+    facts = _commit_facts(record.commit, record.repo, args.repo_path)
     with open_db(args.db) as store:
         run_id, created = store.insert_run(record)
+        if facts is not None:
+            store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
     print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "
           f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
     print(run_id)
