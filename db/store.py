@@ -364,6 +364,21 @@ class Store:
         ).fetchall()
         return [r[0] for r in rows]
 
+    def find_jobs_by_spec(self, spec_json: str, statuses: tuple[str, ...]) -> list[int]:
+        """Jobs with exactly this spec (specs are written with sorted keys) in these states."""
+        return [r[0] for r in self.con.execute(
+            "SELECT job_id FROM jobs WHERE CAST(spec AS VARCHAR) = ? AND list_contains(?, status) ORDER BY job_id",
+            [spec_json, list(statuses)]).fetchall()]
+
+    def count_jobs_in_batch(self, batch: str, statuses: tuple[str, ...] = ("succeeded",)) -> int:
+        return self.con.execute("SELECT count(*) FROM jobs WHERE batch = ? AND list_contains(?, status)",
+                                [batch, list(statuses)]).fetchone()[0]
+
+    def get_job_spec_of_run(self, run_id: int) -> str | None:
+        row = self.con.execute("SELECT j.spec FROM runs r JOIN jobs j USING (job_id) WHERE r.run_id = ?",
+                               [run_id]).fetchone()
+        return row[0] if row else None
+
     def get_job(self, job_id: int, with_log: bool = True) -> dict | None:
         fields = self.JOB_FIELDS + (("log",) if with_log else ())
         cur = self.con.execute(f"SELECT {', '.join(fields)} FROM jobs WHERE job_id = ?", [job_id])

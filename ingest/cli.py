@@ -98,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     samples = sub.add_parser("samples", help="load the bundled sample runs into an empty database")
     samples.add_argument("--db", default=DEFAULT_DB)
 
+    chk = sub.add_parser("check", help="changes over a commit range, as Markdown (for CI)")
+    chk.add_argument("--range", required=True, dest="range_spec", metavar="A..B")
+    chk.add_argument("--repo", default="stepwatch", metavar="NAME_OR_PATH",
+                     help="the repository (a config [repos] name, a checkout path, or stepwatch)")
+    chk.add_argument("--repo-path", metavar="PATH", help="the checkout of --repo NAME, when the config does not name it")
+    chk.add_argument("--db", default=DEFAULT_DB)
+    chk.add_argument("--config", metavar="FILE", default=os.environ.get("STEPWATCH_CONFIG"))
+    chk.add_argument("--fail-on-regression", action="store_true",
+                     help="exit 1 when tok/s or step time has a confirmed regression in the range")
+
     rep = sub.add_parser("report", help="print a run's figures")
     rep.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
     rep.add_argument("--db", default=DEFAULT_DB, help=f"database file (default {DEFAULT_DB})")
@@ -297,6 +307,41 @@ def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
         return None  # a stepwatch commit this clone does not have: keep the sha alone
 
 
+def run_check(args) -> int:
+    from .regress.report import format_markdown
+    from .regress.track import analyse_series
+    from .runs.engines.reference import ROOT
+    from .runs.git import resolve_ref
+    from .runs.hosts import LocalHost
+
+    from db.series import list_series
+
+    config = load_config(args.config)
+    if args.repo_path:
+        name, path = args.repo, os.path.abspath(args.repo_path)
+    elif args.repo in config.repos:
+        name, path = args.repo, config.repos[args.repo].path
+    elif args.repo == "stepwatch":
+        name, path = "stepwatch", str(ROOT)
+    else:
+        name, path = os.path.basename(os.path.abspath(args.repo).rstrip("/")), os.path.abspath(args.repo)
+    if ".." not in args.range_spec:
+        raise SpecError(f"--range {args.range_spec!r}: expected A..B")
+    start, _, end = args.range_spec.partition("..")
+    host = make_host_for(config, "local") if args.repo not in config.repos else LocalHost()
+    lo, hi = resolve_ref(host, path, start), resolve_ref(host, path, end)
+    rows = []
+    with open_db(args.db, read_only=True) as store:
+        for s in list_series(store, name).to_dict(orient="records"):
+            rows += [{**s, **r} for r in analyse_series(store, s, (lo.seq, hi.seq))]
+        ids = sorted({r["first_bad_commit_id"] for r in rows})
+        facts = {cid: dict(zip(("sha", "subject"), store.con.execute(
+            "SELECT sha, subject FROM commits WHERE commit_id = ?", [cid]).fetchone())) for cid in ids}
+    print(format_markdown(rows, facts, args.range_spec), end="")
+    regressions = [r for r in rows if r["metric"] in ("tok_per_s", "step_ms") and r["direction"] == "regression"]
+    return 1 if args.fail_on_regression and regressions else 0
+
+
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
     opts = ImportOptions(repo=args.repo, commit=args.commit, variant=args.variant, layers=args.layers,
@@ -327,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"import": run_import, "report": run_report, "run": run_run, "worker": run_worker_cmd,
-                "backfill": run_backfill, "jobs": run_jobs, "cancel": run_cancel,
+                "backfill": run_backfill, "jobs": run_jobs, "cancel": run_cancel, "check": run_check,
                 "samples": run_samples}[args.command](args)
     except (IngestError, BundleError, StoreError) as e:
         print(f"stepwatch: error: {e}", file=sys.stderr)

@@ -66,6 +66,11 @@ def list_first_parent(host: Host, repo: str, range_spec: str, every: int = 1) ->
     return [describe_commit(host, repo, sha) for sha in picked]
 
 
+def list_after(host: Host, repo: str, good: str, bad: str) -> list[str]:
+    """Shas after `good` up to and including `bad` on bad's first-parent line, oldest first."""
+    return _git(host, repo, "rev-list", "--first-parent", "--reverse", "--end-of-options", f"^{good}", bad).split()
+
+
 def add_worktree(host: Host, repo: str, sha: str, path: str) -> None:
     _git(host, repo, "worktree", "add", "--detach", "--force", "--end-of-options", path, sha)
 

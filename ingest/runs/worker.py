@@ -132,6 +132,27 @@ def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) 
     return run_sglang(spec, config, host, sha=commit.sha, **common), repo, commit
 
 
+def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[str], None]) -> None:
+    """Re-detect changes in the run's series and queue bisect runs; a failure here is logged,
+    it does not fail the job that produced a good run."""
+    from ..regress.bisect import plan_bisects
+    from ..regress.track import series_of_run, track_changes
+
+    try:
+        with open_db(db_path) as store:
+            series = series_of_run(store, run_id)
+            if series is None:
+                return
+            found = track_changes(store, only=[series])
+            for row in found:
+                if row["metric"] in ("tok_per_s", "step_ms"):
+                    say(f"change: {row['metric']} {row['direction']} {row['rel_change']:+.1%} "
+                        f"(p={row['p_value']:.2g}), {row['commits_between']} unmeasured commits between")
+            plan_bisects(store, config, say)
+    except Exception as e:  # noqa: BLE001
+        say(f"change tracking failed: {type(e).__name__}: {e}")
+
+
 def execute_job(db_path: str, job: dict, config: Config, rules: list[Rule],
                 echo: Callable[[str], None] | None = None,
                 worker_stop: threading.Event | None = None) -> tuple[str, int | None]:
@@ -154,6 +175,8 @@ def execute_job(db_path: str, job: dict, config: Config, rules: list[Rule],
                                         commit.seq)
             reporter.line(f"job {job_id}: {'imported as' if created else 'same trace as'} run {run_id}")
             status = "succeeded"
+            if commit is not None:
+                _follow_changes(db_path, run_id, config, reporter.line)
         except CommandCancelled:
             if reporter.cancel.is_set():
                 status, kind, error = "cancelled", "cancelled", "cancelled while running"

@@ -1,0 +1,17 @@
+"""Regressions across commits, as pure functions over plain arrays and tables (no database, no I/O).
+
+- `ingest.regress.detect`: confirmed step changes in one series along commit order (ruptures
+  for the candidate change points, a Mann-Whitney rank test and a minimum effect size to
+  confirm them); `python -m ingest.regress.detect --study` measures its false-positive rate.
+- `ingest.regress.explain`: which kernels' change explains a step-time change between two runs.
+- `ingest.regress.diagnose`: short sentences with their numbers about a run, a change, or a
+  patched/unpatched pair.
+
+Import from the modules themselves; this package only holds their exception.
+"""
+
+from ingest.errors import IngestError
+
+
+class RegressError(IngestError):
+    """Input that change detection, explanation or diagnosis cannot work with (says which and why)."""

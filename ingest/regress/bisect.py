@@ -1,0 +1,72 @@
+"""Automatic bisection: a confirmed change between two measured commits with unmeasured
+first-parent commits between them gets the middle one queued (the same spec, another ref), as
+`git bisect` would pick it; each result narrows the window until the first bad commit is next
+to the last good one. Only runs that came from a job can be bisected (the job holds the spec).
+The runs it costs are counted per series (jobs in the batch "bisect <series>")."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Callable
+
+import numpy as np
+
+from db.series import list_changes
+
+from ..runs.git import list_after
+from ..runs.hosts import make_host
+from ..runs.spec import Config, parse_spec
+from .track import is_bisectable
+
+
+def series_tag(change: dict) -> str:
+    key = json.dumps([change["repo"], change["engine"], change["workload_key"], change["device_name"],
+                      change["variant"]], sort_keys=True)
+    return "bisect " + hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+
+
+def _first_parent_between(config: Config, spec, good: str, bad: str) -> list[str]:
+    """Commits after `good` up to and including `bad` on bad's first-parent line, oldest first."""
+    host = make_host(config.host(spec.host))
+    return list_after(host, spec.repo_path or config.repos[spec.repo].path, good, bad)
+
+
+def plan_bisects(store, config: Config, echo: Callable[[str], None] = lambda line: None) -> list[int]:
+    """Queue the middle commit of every stored change that still has unmeasured commits between
+    its last good and first bad commit; returns the new job ids."""
+    queued, seen = [], set()
+    changes = list_changes(store)
+    # structural changes (deterministic) first, then the noisier speed metrics
+    changes = changes.loc[np.array([is_bisectable(m) for m in changes["metric"]], dtype=bool)]
+    changes = changes.assign(order=[0 if m.startswith("kernel:calls") else 1 for m in changes["metric"]])
+    for change in changes.sort_values(["order", "change_id"]).to_dict(orient="records"):
+        window = (series_tag(change), change["last_good_sha"], change["first_bad_sha"])
+        if window in seen:
+            continue
+        seen.add(window)
+        tag = window[0]
+        if change["commits_between"] <= 0:
+            runs = store.count_jobs_in_batch(tag, ("succeeded", "running"))  # the running one is done
+            if runs:
+                echo(f"{tag}: first bad commit {change['first_bad_sha'][:12]} isolated after {runs} bisect run(s)")
+            continue
+        spec_json = store.get_job_spec_of_run(int(change["first_bad_run_id"]))
+        if spec_json is None:
+            echo(f"{tag}: the first bad run was imported, not run by a job: cannot bisect")
+            continue
+        spec = parse_spec(json.loads(spec_json), config)
+        between = _first_parent_between(config, spec, change["last_good_sha"], change["first_bad_sha"])[:-1]
+        if not between:
+            continue
+        middle = between[(len(between) - 1) // 2]
+        new = dataclasses.replace(spec, ref=middle)
+        if store.find_jobs_by_spec(new.to_json(), ("queued", "running", "succeeded")):
+            continue
+        job_id = store.enqueue_job(new.to_json(), f"{new.describe()} ({tag})", tag)
+        queued.append(job_id)
+        metric = change["metric"].replace("\x1f", " | ")
+        echo(f"{tag}: {metric} {change['direction']} between {change['last_good_sha'][:12]} and "
+             f"{change['first_bad_sha'][:12]} ({len(between)} commits between): queued {middle[:12]} as job {job_id}")
+    return queued

@@ -1,0 +1,156 @@
+"""Change tracking over the database: each series (repo, engine, workload, device, variant) read
+along commit order, its metrics run through detect.detect_changes, every confirmed change
+explained kernel by kernel and diagnosed, and the result stored (db.series.replace_changes).
+
+Metrics per series: tok/s (higher is better), step ms, copy share, each category's ms per
+step (lower is better), and each kernel's ms per step and calls per step where the kernel is
+big enough to matter (>= 1 % of a step somewhere in the series). Per-step samples come from
+the run's untimed step times (its manifest) and its profiled steps; a run at the same commit
+as another adds its samples to that commit's point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from db.series import (list_series, load_kernel_rows, load_points, load_run_facts, load_step_categories,
+                       replace_changes)
+
+from ..categories import COPY_CATEGORIES
+from .detect import Point, detect_changes
+from .diagnose import RunFacts, diagnose_change
+from .explain import explain_change
+
+PRIMARY = ("tok_per_s", "step_ms")
+KERNEL_MIN_SHARE = 0.01
+
+
+def is_bisectable(metric: str) -> bool:
+    """Changes worth bisecting: the step's speed, and structural ones that noise cannot fake
+    (a kernel's calls per step, the copy share)."""
+    return metric in PRIMARY or metric == "copy_share" or metric.startswith("kernel:calls_per_step:")
+
+
+def _facts(store, run_id: int) -> RunFacts:
+    run = load_run_facts(store, run_id)
+    workload = (run.get("manifest") or {}).get("workload") or run.get("workload") or {}
+    step_ms = run.get("timing_ms_median") or run["step_ms_median"]
+    return RunFacts(step_ms=step_ms, kernels=load_kernel_rows(store, run_id), tok_per_s=run["tok_per_s"],
+                    batch_size=run.get("batch_size") or workload.get("batch_size"), layers=run["layers"],
+                    device_name=run["device"], peak_gbps=run["peak_gbps"], workload=workload,
+                    commit=run["commit"], variant=run["variant"])
+
+
+def _commit_points(points: pd.DataFrame) -> pd.DataFrame:
+    """One row per commit (several runs at one commit pool their samples), in commit order."""
+    rows = []
+    for commit_id, group in points.groupby("commit_id", sort=False):
+        samples = [s for lst in group["step_ms_samples"] for s in lst] or list(group["step_ms"].dropna())
+        batch = group["batch_size"].dropna()
+        rows.append({"commit_id": commit_id, "sha": group["sha"].iloc[0], "seq": group["seq"].iloc[0],
+                     "run_ids": list(group["run_id"]), "last_run_id": int(group["run_id"].iloc[-1]),
+                     "step_ms_samples": samples, "batch_size": int(batch.iloc[0]) if len(batch) else 1})
+    return pd.DataFrame(rows)
+
+
+def _metric_points(commits: pd.DataFrame, per_step: pd.DataFrame, kernels: dict[int, pd.DataFrame]):
+    """(metric, higher_is_better, [Point]) for every metric of the series."""
+    shas = list(commits["sha"])
+    yield "step_ms", False, [Point(s, tuple(v)) for s, v in zip(shas, commits["step_ms_samples"])]
+    yield "tok_per_s", True, [Point(s, tuple(b * 1000.0 / np.asarray(v, float)) if len(v) else ())
+                              for s, v, b in zip(shas, commits["step_ms_samples"], commits["batch_size"])]
+    steps = per_step.pivot_table(index=["run_id", "step"], columns="category", values="dur_us",
+                                 aggfunc="sum", fill_value=0.0) if len(per_step) else pd.DataFrame()
+    totals = per_step.groupby(["run_id", "step"])["kernel_us"].first() if len(per_step) else pd.Series(dtype=float)
+
+    def per_commit(values: pd.Series) -> list[Point]:
+        out = []
+        for sha, run_ids in zip(shas, commits["run_ids"]):
+            v = values[values.index.get_level_values(0).isin(run_ids)] if len(values) else values
+            out.append(Point(sha, tuple(v.to_numpy(float))))
+        return out
+
+    if len(steps):
+        copy = steps[[c for c in COPY_CATEGORIES if c in steps.columns]].sum(axis=1) / totals
+        yield "copy_share", False, per_commit(copy)
+        for category in steps.columns:
+            yield f"category:{category}", False, per_commit(steps[category] / 1000.0)
+    # kernels: one value per run (0 where absent), for kernels worth 1 % of a step somewhere
+    tables = {rid: k for rid, k in kernels.items()}
+    shares = pd.concat([k.assign(run_id=rid) for rid, k in tables.items()]) if tables else pd.DataFrame()
+    if len(shares):
+        shares["key"] = shares["name"] + "\x1f" + shares["launcher"] + "\x1f" + shares["source"]
+        big = shares.groupby("key")["share"].max()
+        for key in big[big >= KERNEL_MIN_SHARE].index:
+            for field in ("ms_per_step", "calls_per_step"):
+                pts = []
+                for sha, run_ids in zip(shas, commits["run_ids"]):
+                    vals = [float(tables[r].loc[tables[r]["key"] == key, field].sum()) if "key" in tables[r]
+                            else 0.0 for r in run_ids]
+                    pts.append(Point(sha, tuple(vals)))
+                yield f"kernel:{field}:{key}", False, pts
+
+
+def analyse_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> list[dict]:
+    """Detect, explain and diagnose the changes of one series; returns rows for replace_changes."""
+    points = load_points(store, series["repo"], series["engine"], series["workload_key"], series["device_name"],
+                         series["variant"], seq_range)
+    if points["commit_id"].nunique() < 2:
+        return []
+    commits = _commit_points(points)
+    per_step = load_step_categories(store, [int(r) for r in points["run_id"]])
+    kernels = {}
+    for rid in points["run_id"]:
+        k = load_kernel_rows(store, int(rid))
+        k["key"] = k["name"] + "\x1f" + k["launcher"] + "\x1f" + k["source"]
+        kernels[int(rid)] = k
+    rows = []
+    for metric, higher, pts in _metric_points(commits, per_step, kernels):
+        for ch in detect_changes(pts, higher_is_better=higher):
+            good, bad = commits.iloc[ch.last_good], commits.iloc[ch.first_bad]
+            between = int(bad["seq"] - good["seq"] - 1) if pd.notna(bad["seq"]) and pd.notna(good["seq"]) else 0
+            row = {"metric": metric, "direction": ch.direction,
+                   "last_good_commit_id": int(good["commit_id"]), "first_bad_commit_id": int(bad["commit_id"]),
+                   "last_good_run_id": int(good["last_run_id"]), "first_bad_run_id": int(bad["last_run_id"]),
+                   "before_value": ch.before_median, "after_value": ch.after_median,
+                   "rel_change": ch.rel_change,  # +inf for a kernel that appears
+                   "p_value": ch.p_value, "commits_between": max(between, 0)}
+            if metric in PRIMARY:
+                before, after = _facts(store, row["last_good_run_id"]), _facts(store, row["first_bad_run_id"])
+                explanation = explain_change(before.kernels, after.kernels, before.step_ms, after.step_ms)
+                row["explanation"] = {"kernels": _records(explanation.kernels.head(10)),
+                                      "categories": _records(explanation.categories),
+                                      "unexplained_ms": explanation.unexplained_ms}
+                row["diagnosis"] = [asdict(f) for f in diagnose_change(before, after, explanation, bad["sha"])]
+            rows.append(row)
+    return rows
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v.item() if hasattr(v, "item") else v)
+             for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def track_changes(store, repo: str | None = None, seq_range: tuple[int, int] | None = None,
+                  only: Iterable[dict] | None = None) -> list[dict]:
+    """Re-detect the changes of every series (or `only` these) and store them; returns the
+    stored rows with their series."""
+    series_rows = list(only) if only is not None else list_series(store, repo).to_dict(orient="records")
+    found = []
+    for s in series_rows:
+        rows = analyse_series(store, s, seq_range)
+        replace_changes(store, s["repo"], s, rows)
+        found += [{**s, **r} for r in rows]
+    return found
+
+
+def series_of_run(store, run_id: int) -> dict | None:
+    row = store.con.execute(
+        "SELECT p.name, r.engine, r.workload_key, r.device_name, r.variant FROM runs r JOIN repos p USING (repo_id)"
+        " WHERE r.run_id = ? AND r.commit_id IS NOT NULL", [run_id]).fetchone()
+    return dict(zip(["repo", "engine", "workload_key", "device_name", "variant"], row)) if row else None
