@@ -1,0 +1,137 @@
+"""Chart builders: pure functions from DataFrames (as db.views returns them) to Altair charts.
+Nothing here reads the database or calls Streamlit; tests check them through `chart.to_dict()`."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from .labels import label_commit
+
+# one colour per kernel category on every page; `idle` is the step's time with no kernel running
+CATEGORY_COLOURS = {
+    "cast": "#d62728", "memcpy": "#ff7f0e", "gemm": "#1f77b4", "attention": "#2ca02c", "moe": "#9467bd",
+    "communication": "#8c564b", "norm": "#e377c2", "elementwise": "#17becf", "other": "#bcbd22",
+    "idle": "#c7c7c7",
+}
+PICK_RUN = "pick_run"  # the trend chart's click selection: {"pick_run": [{"run_id": ...}]}
+
+
+def _category_scale(categories) -> alt.Scale:
+    known = [c for c in CATEGORY_COLOURS if c in set(categories)]
+    extra = sorted(set(categories) - set(CATEGORY_COLOURS))
+    palette = ["#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5"]
+    colours = [CATEGORY_COLOURS[c] for c in known] + [palette[i % len(palette)] for i in range(len(extra))]
+    return alt.Scale(domain=known + extra, range=colours)
+
+
+def add_commit_labels(trend: pd.DataFrame) -> pd.DataFrame:
+    """A copy of get_trend's frame with `commit_label` ('3bee539 kernels: whole-row gathe…')."""
+    return trend.assign(commit_label=[label_commit(s, t, 28) for s, t in zip(trend["short_sha"], trend["subject"])])
+
+
+def trend_chart(trend: pd.DataFrame, panel_width: int = 860, panel_height: int = 170) -> alt.VConcatChart:
+    """tok/s (with the p10..p90 step spread as error bars), copy-kernel share and step ms, one
+    line per variant, on one commit axis in first-parent order. Each point is a run; a line
+    goes through the mean of a commit's runs. Clicking a tok/s point selects its run."""
+    runs = add_commit_labels(trend)
+    order = runs.drop_duplicates("commit_order").sort_values("commit_order")["commit_label"].tolist()
+    pick = alt.selection_point(name=PICK_RUN, fields=["run_id"], on="click", clear="dblclick")
+    tooltip = [alt.Tooltip("short_sha:N", title="commit"), alt.Tooltip("subject:N", title="subject"),
+               alt.Tooltip("committed_at:T", title="date", format="%Y-%m-%d %H:%M"),
+               alt.Tooltip("author:N", title="author"), alt.Tooltip("variant:N", title="variant"),
+               alt.Tooltip("tok_per_s:Q", title="tok/s", format=",.2f"),
+               alt.Tooltip("step_ms:Q", title="step ms", format=",.3f"),
+               alt.Tooltip("copy_share:Q", title="copy share", format=".1%"),
+               alt.Tooltip("run_id:Q", title="run")]
+    colour = alt.Color("variant:N", title="variant", scale=alt.Scale(scheme="tableau10"),
+                       legend=alt.Legend(orient="top"))
+
+    def panel(field: str, title: str, axis_format: str, spread: tuple[str, str] | None, bottom: bool,
+              selectable: bool = False) -> alt.LayerChart:
+        x = alt.X("commit_label:N", sort=order, title="commit (first-parent order)" if bottom else None,
+                  axis=alt.Axis(labelAngle=-40, labelLimit=240) if bottom else alt.Axis(labels=False, ticks=False))
+        base = alt.Chart(runs).encode(x=x, color=colour)
+        line = base.mark_line(strokeWidth=2).encode(y=alt.Y(f"mean({field}):Q", title=title,
+                                                            axis=alt.Axis(format=axis_format)))
+        points = base.mark_point(filled=True, size=70).encode(y=alt.Y(f"{field}:Q"), tooltip=tooltip)
+        if selectable:
+            points = points.encode(size=alt.condition(pick, alt.value(110), alt.value(70))).add_params(pick)
+        layers = [line, points]
+        if spread is not None:
+            layers.insert(0, base.mark_rule(strokeWidth=2, opacity=0.6).encode(
+                y=alt.Y(f"{spread[0]}:Q"), y2=alt.Y2(f"{spread[1]}:Q"), tooltip=tooltip))
+        return alt.layer(*layers).properties(width=panel_width, height=panel_height)
+
+    return alt.vconcat(
+        panel("tok_per_s", "decode tok/s", ",.1f", ("tok_per_s_low", "tok_per_s_high"), False, selectable=True),
+        panel("copy_share", "copy-kernel share", ".0%", None, False),
+        panel("step_ms", "step ms", ",.2f", ("step_ms_p10", "step_ms_p90"), True),
+    ).resolve_scale(color="shared")
+
+
+def step_breakdown_chart(breakdown: pd.DataFrame) -> alt.Chart:
+    """Stacked ms per profiled step, one colour per category (get_step_breakdown's frame)."""
+    return alt.Chart(breakdown).mark_bar().encode(
+        x=alt.X("step:O", title="profiled step"),
+        y=alt.Y("sum(ms):Q", title="ms", stack="zero"),
+        color=alt.Color("category:N", scale=_category_scale(breakdown["category"]), title="category"),
+        order=alt.Order("category:N"),
+        tooltip=[alt.Tooltip("step:O"), alt.Tooltip("category:N"), alt.Tooltip("ms:Q", format=",.3f")],
+    ).properties(height=260)
+
+
+def category_mean_chart(means: pd.DataFrame) -> alt.Chart:
+    """Mean ms per step of each category, largest first (get_category_means' frame)."""
+    return alt.Chart(means).mark_bar().encode(
+        y=alt.Y("category:N", sort="-x", title=None),
+        x=alt.X("ms_per_step:Q", title="mean ms per step"),
+        color=alt.Color("category:N", scale=_category_scale(means["category"]), legend=None),
+        tooltip=[alt.Tooltip("category:N"), alt.Tooltip("ms_per_step:Q", title="ms/step", format=",.3f")],
+    ).properties(height=alt.Step(24))
+
+
+def waterfall_steps(diff: pd.DataFrame, a_label: str, b_label: str) -> pd.DataFrame:
+    """get_category_diff's frame as waterfall bars: run A's step time, each category's change in
+    the given order (each bar starting where the last ended), run B's step time."""
+    total_a, total_b = float(diff["a_ms_per_step"].sum()), float(diff["b_ms_per_step"].sum())
+    ends = total_a + diff["delta_ms_per_step"].cumsum()
+    middle = pd.DataFrame({
+        "label": diff["category"], "start_ms": ends - diff["delta_ms_per_step"], "end_ms": ends,
+        "delta_ms": diff["delta_ms_per_step"],
+        "kind": ["slower" if d > 0 else "faster" for d in diff["delta_ms_per_step"]],
+    })
+    first = pd.DataFrame({"label": [a_label], "start_ms": [0.0], "end_ms": [total_a], "delta_ms": [total_a],
+                          "kind": ["total"]})
+    last = pd.DataFrame({"label": [b_label], "start_ms": [0.0], "end_ms": [total_b], "delta_ms": [total_b],
+                         "kind": ["total"]})
+    return pd.concat([first, middle, last], ignore_index=True)
+
+
+def waterfall_chart(steps: pd.DataFrame) -> alt.Chart:
+    """Bars from start_ms to end_ms in the given order: totals grey, slower red, faster green."""
+    return alt.Chart(steps).mark_bar(size=28).encode(
+        x=alt.X("label:N", sort=steps["label"].tolist(), title=None, axis=alt.Axis(labelAngle=-25)),
+        y=alt.Y("start_ms:Q", title="ms per step"), y2=alt.Y2("end_ms:Q"),
+        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["total", "slower", "faster"],
+                                                              range=["#8c8c8c", "#d62728", "#2ca02c"])),
+        tooltip=[alt.Tooltip("label:N", title="step part"), alt.Tooltip("delta_ms:Q", title="ms", format="+,.3f"),
+                 alt.Tooltip("start_ms:Q", title="from", format=",.3f"),
+                 alt.Tooltip("end_ms:Q", title="to", format=",.3f")],
+    ).properties(height=300)
+
+
+def variant_chart(matrix: pd.DataFrame, a_label: str, b_label: str) -> alt.Chart:
+    """tok/s of every variant at commit A and commit B, side by side (get_variant_matrix's frame)."""
+    long = pd.concat([
+        pd.DataFrame({"variant": matrix["variant"], "commit": a_label, "tok_per_s": matrix["a_tok_per_s"]}),
+        pd.DataFrame({"variant": matrix["variant"], "commit": b_label, "tok_per_s": matrix["b_tok_per_s"]}),
+    ], ignore_index=True).dropna(subset=["tok_per_s"])
+    return alt.Chart(long).mark_bar().encode(
+        y=alt.Y("variant:N", title=None),
+        yOffset=alt.YOffset("commit:N", sort=[a_label, b_label]),
+        x=alt.X("tok_per_s:Q", title="decode tok/s"),
+        color=alt.Color("commit:N", sort=[a_label, b_label], title=None,
+                        scale=alt.Scale(range=["#9ecae1", "#08519c"])),
+        tooltip=[alt.Tooltip("variant:N"), alt.Tooltip("commit:N"), alt.Tooltip("tok_per_s:Q", format=",.2f")],
+    ).properties(height=alt.Step(16))

@@ -1,0 +1,33 @@
+"""A run's four headline figures as metric tiles, optionally with the change from another run."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from .labels import format_change, format_number, format_percent
+
+
+def _points(a: float | None, b: float | None) -> str | None:
+    """A share's change in percentage points ('+1.2 pp'), None when either is missing."""
+    return None if a is None or b is None else f"{(b - a) * 100:+.1f} pp"
+
+
+def show_run_kpis(run: dict, baseline: dict | None = None) -> None:
+    """tok/s, step ms, copy-kernel share and GPU busy share; with a baseline, each tile shows the
+    change from it (green when better: more tok/s, less step time, less copying)."""
+    base = baseline or {}
+    delta = baseline is not None
+    tiles = st.columns(4)
+    tiles[0].metric("Decode tok/s", format_number(run["tok_per_s"]), border=True,
+                    delta=format_change(base.get("tok_per_s"), run["tok_per_s"]) if delta else None)
+    spread = (f"p10–p90 {run['timing_ms_p10']:.3f}–{run['timing_ms_p90']:.3f} ms without the profiler; "
+              if run["timing_ms_p10"] is not None else "")
+    tiles[1].metric("Step ms", format_number(run["step_ms"], 3), border=True, delta_color="inverse",
+                    delta=format_change(base.get("step_ms"), run["step_ms"]) if delta else None,
+                    help=f"{spread}median profiled step {run['step_ms_median']:.3f} ms")
+    tiles[2].metric("Copy-kernel share", format_percent(run["copy_share"]), border=True, delta_color="inverse",
+                    delta=_points(base.get("copy_share"), run["copy_share"]) if delta else None,
+                    help="cast and memcpy kernels' share of all kernel time")
+    tiles[3].metric("GPU busy share", format_percent(run["gpu_busy_share"]), border=True, delta_color="off",
+                    delta=_points(base.get("gpu_busy_share"), run["gpu_busy_share"]) if delta else None,
+                    help="share of the step's wall time in which some kernel ran")

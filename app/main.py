@@ -1,0 +1,20 @@
+"""stepwatch's dashboard: `streamlit run app/main.py`. It reads the DuckDB file named by
+$STEPWATCH_DB (default stepwatch.duckdb); each page is a file under app/screens/ (not pages/:
+a pages/ folder beside the entry script would switch Streamlit to its older file-based navigation)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `app` and `db` import by name
+
+import streamlit as st  # noqa: E402
+
+st.set_page_config(page_title="stepwatch", page_icon=":material/speed:", layout="wide")
+st.navigation([
+    st.Page("screens/trends.py", title="Trends", icon=":material/show_chart:", url_path="trends", default=True),
+    st.Page("screens/run.py", title="Run", icon=":material/bar_chart:", url_path="run"),
+    st.Page("screens/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+    # the Regressions page (step detection along each series) goes here
+    st.Page("screens/run_benchmark.py", title="Run a benchmark", icon=":material/play_arrow:",
+            url_path="run_benchmark"),
+]).run()

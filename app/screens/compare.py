@@ -1,0 +1,105 @@
+"""Compare: two commits (or two runs) of one workload side by side: their figures, every variant
+at both commits, the step-time change by category and the kernels that changed. The URL holds
+the two runs (?a=&b=), so a comparison can be shared; the pickers only rewrite the URL."""
+
+import streamlit as st
+
+from app import charts, data
+from app.kpis import show_run_kpis
+from app.labels import describe_run, describe_series, format_change, label_commit
+from app.tables import filter_rows, kernel_diff_columns, link_runs, variant_matrix_columns
+from app.widgets import read_int_param
+from db import views
+
+st.title("Compare")
+comparison = data.load(views.get_comparison, read_int_param("a"), read_int_param("b"))
+if comparison is None:
+    st.info("Comparing needs two runs; this database has fewer. Start some on the Run a benchmark page.")
+    st.stop()
+run_a, run_b, a, b = comparison["run_a"], comparison["run_b"], comparison["a"], comparison["b"]
+matrix, trend, series, diff, kernels = (comparison[k] for k in ("matrix", "trend", "series", "diff", "kernels"))
+if a is None or b is None:
+    st.warning(f"There is no run {run_a if a is None else run_b} in this database.")
+    st.stop()
+
+by = st.radio("Compare", ["two commits", "two runs"], horizontal=True, key="compare_by",
+              index=0 if (st.query_params.get("by") or comparison["by"]) != "runs" and a["sha"] else 1,
+              label_visibility="collapsed")
+if by == "two commits" and series.empty:
+    st.info("No run has measured a commit yet, so there are no commits to compare: compare two runs instead.")
+    st.stop()
+if by == "two commits":
+    ids = [f"{r.repo}\t{r.engine}\t{r.device}\t{r.workload_id}" for r in series.itertuples()]
+    names = dict(zip(ids, (describe_series(r.repo, r.engine, r.device, r.workload_key) for r in series.itertuples())))
+    mine = f"{a['repo']}\t{a['engine']}\t{a['device']}\t{a['workload_id']}"
+    picked = st.selectbox("Workload", ids, index=ids.index(mine) if mine in ids else 0, format_func=names.get,
+                          key="compare_series")
+    if picked != mine or trend is None:
+        trend = data.load(views.get_trend, *picked.split("\t"))
+    commits = trend.drop_duplicates("sha")
+    if len(commits) < 2:
+        st.info("This workload was measured at one commit only: pick another workload, or compare two runs.")
+        st.stop()
+    shas = commits["sha"].tolist()
+    commit_names = dict(zip(shas, (label_commit(s, t, 70) for s, t in zip(commits["short_sha"], commits["subject"]))))
+    left, right = st.columns(2)
+    sha_a = left.selectbox("Commit A (before)", shas, format_func=commit_names.get, key="compare_sha_a",
+                           index=shas.index(a["sha"]) if a["sha"] in shas else len(shas) - 2)
+    sha_b = right.selectbox("Commit B (after)", shas, format_func=commit_names.get, key="compare_sha_b",
+                            index=shas.index(b["sha"]) if b["sha"] in shas else len(shas) - 1)
+    at_a, at_b = (set(trend.loc[trend["sha"] == s, "variant"]) for s in (sha_a, sha_b))
+    variants = sorted(at_a & at_b) or sorted(at_a | at_b)
+    variant = st.selectbox("Variant shown in detail", variants, key="compare_variant",
+                           index=variants.index(a["variant"]) if a["variant"] in variants else 0)
+    chosen = (views.pick_run_at(trend, sha_a, variant), views.pick_run_at(trend, sha_b, variant))
+else:
+    recent = data.load(views.list_recent_runs)
+    labels = {int(r.run_id): describe_run(r.run_id, r.short_sha, r.variant, r.workload_key)
+              for r in recent.itertuples()}
+    for run in (a, b):
+        labels.setdefault(run["run_id"], describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"],
+                                                      run["workload_key"]))
+    ids = list(labels)
+    left, right = st.columns(2)
+    chosen = (left.selectbox("Run A (before)", ids, format_func=labels.get, key="compare_run_a",
+                             index=ids.index(run_a)),
+              right.selectbox("Run B (after)", ids, format_func=labels.get, key="compare_run_b",
+                              index=ids.index(run_b)))
+if None in chosen:
+    st.info(f"{variant} was not measured at both commits, so there is nothing to compare.")
+    st.stop()
+wanted = {"a": str(chosen[0]), "b": str(chosen[1]), "by": "commits" if by == "two commits" else "runs"}
+if wanted != {k: st.query_params.get(k) for k in wanted}:
+    st.query_params.update(wanted)
+    if chosen != (run_a, run_b):
+        st.rerun()
+
+if not matrix.empty and a["sha"] != b["sha"] and a["workload_id"] == b["workload_id"]:
+    st.subheader("Every variant at both commits")
+    name_a, name_b = a["sha"][:7], b["sha"][:7]
+    table = matrix.assign(change=[format_change(x, y) for x, y in zip(matrix["a_tok_per_s"], matrix["b_tok_per_s"])],
+                          run_a=link_runs(matrix["a_run_id"]), run_b=link_runs(matrix["b_run_id"]))
+    st.dataframe(table, hide_index=True, column_order=[
+        "variant", "a_tok_per_s", "b_tok_per_s", "change", "a_step_ms", "b_step_ms", "a_copy_share", "b_copy_share",
+        "run_a", "run_b"], column_config=variant_matrix_columns(name_a, name_b))
+    st.altair_chart(charts.variant_chart(matrix, f"A {name_a}", f"B {name_b}"))
+if a["workload_id"] != b["workload_id"] or a["device"] != b["device"]:
+    st.warning("Runs A and B measured different workloads or GPUs, so their differences are not only the code's.")
+
+for name, run, base in (("A", a, None), ("B", b, a)):
+    title = describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"], run["workload_key"])
+    st.markdown(f"**{name}** · [{title}](run?run={run['run_id']})")
+    show_run_kpis(run, base)
+
+st.subheader("What changed in the step time")
+st.altair_chart(charts.waterfall_chart(charts.waterfall_steps(diff, f"A: run {run_a}", f"B: run {run_b}")))
+st.caption("Mean ms per profiled step of run A, each category's change (red: slower, green: faster), and "
+           "run B; idle is step time in which no kernel ran. Profiled steps run slower than Step ms above.")
+
+st.subheader("Kernels that changed")
+kinds = st.multiselect("Show", ["added", "removed", "changed", "same"], default=["added", "removed", "changed"])
+needle = st.text_input("Filter kernels", placeholder="name, category or launcher op", key="compare_filter")
+shown = filter_rows(kernels[kernels["change"].isin(kinds)], needle, ["name", "category", "launcher"])
+st.caption(f"{len(shown)} of {len(kernels)} kernels (matched by name and launcher op), the largest change in "
+           "ms per step first.")
+st.dataframe(shown, hide_index=True, column_config=kernel_diff_columns())

@@ -1,0 +1,76 @@
+"""Run: one run's figures, where its step time goes, its kernels, its job's log and its trace."""
+
+import streamlit as st
+
+from app import charts, data
+from app.kpis import show_run_kpis
+from app.labels import describe_run, describe_workload
+from app.tables import filter_rows, kernel_columns
+from app.traces import list_trace_files, read_bytes_later
+from app.widgets import read_int_param, select_in_url
+from db import views
+
+st.title("Run")
+asked = read_int_param("run")
+recent, detail = data.load_all((views.list_recent_runs,), (views.get_run_detail, asked))
+if recent.empty:
+    st.info("No runs yet. Start one on the Run a benchmark page, or import a trace with "
+            "`python -m ingest import PATH`.")
+    st.stop()
+labels = {str(r.run_id): describe_run(r.run_id, r.short_sha, r.variant, r.workload_key) for r in recent.itertuples()}
+if asked is not None and str(asked) not in labels:
+    labels = {str(asked): f"run {asked}", **labels}
+run_id = int(select_in_url("Run", list(labels), "run", format_func=labels.get))
+if run_id != asked:
+    detail = data.load(views.get_run_detail, run_id)
+if detail is None:
+    st.warning(f"There is no run {run_id} in this database.")
+    st.stop()
+run = detail["run"]
+commit = f"{run['sha'][:7]} {run['subject'] or ''}" if run["sha"] else "no commit"
+st.caption(f"{run['repo'] or 'no repo'} · {commit} · variant {run['variant'] or '—'} · {run['engine'] or '—'} · "
+           f"{run['device'] or 'no GPU'} · {describe_workload(run['workload_key'])} · {run['steps']} profiled "
+           f"steps ({run['step_method']}) · imported {run['imported_at']:%Y-%m-%d %H:%M}")
+
+show_run_kpis(run)
+if run["kernels_from_cpu_ops"]:
+    st.info("This is a CPU-only trace: it has no GPU kernels, so the CPU operators stand in for kernels "
+            "below, and GPU busy share does not apply.")
+elif run["kernel_rows"] == 0:
+    st.info("This run recorded no kernels, so there is no breakdown to show.")
+
+ranks = detail["ranks"]
+rank = int(select_in_url("Rank", [str(r) for r in ranks], "rank")) if len(ranks) > 1 else 0
+if rank != 0:
+    detail = data.load(views.get_run_detail, run_id, rank)
+breakdown, means, kernels, job = detail["breakdown"], detail["means"], detail["kernels"], detail["job"]
+
+st.subheader("Where the step time goes")
+if not breakdown.empty:
+    left, right = st.columns([3, 2])
+    left.altair_chart(charts.step_breakdown_chart(breakdown))
+    right.altair_chart(charts.category_mean_chart(means))
+    st.caption("Kernel time per category in each profiled step; idle is the step's wall time in which no "
+               "kernel ran. Profiled steps run slower than the Step ms above, which is measured without "
+               "the profiler.")
+
+st.subheader("Kernels")
+needle = st.text_input("Filter kernels", placeholder="name, category, launcher op or source line")
+shown = filter_rows(kernels, needle, ["name", "category", "launcher", "source"])
+st.caption(f"{len(shown)} of {len(kernels)} kernels, the most time first; click a column to sort.")
+st.dataframe(shown, hide_index=True, column_config=kernel_columns())
+
+if job is not None:
+    with st.expander(f"Log of job {job['job_id']} ({job['status']}): {job['label']}"):
+        st.code(job["log"] or "(no output)", language=None)
+
+st.subheader("Trace")
+traces = list_trace_files(run["source_path"], run["trace_files"])
+if not traces:
+    st.caption(f"The trace ({run['source_path']}) is no longer on this machine.")
+for path in traces:
+    st.download_button(f"Download {path.name}", read_bytes_later(path), file_name=path.name,
+                       mime="application/octet-stream", icon=":material/download:", key=f"trace_{path}")
+if traces:
+    st.caption("Open the downloaded file at ui.perfetto.dev (Open trace file) to see each step's kernels "
+               "on a timeline.")

@@ -1,0 +1,106 @@
+"""Run a benchmark: a form that queues run specs as jobs, and the queue's live state."""
+
+import os
+
+import pandas as pd
+import streamlit as st
+
+from app import data, spec_inputs
+from app.job_form import plan_jobs
+from app.tables import link_runs, run_columns
+from db import views
+from ingest.runs.errors import RunError
+from ingest.runs.spec import load_config
+
+st.title("Run a benchmark")
+st.caption("Queue runs for a worker (`python -m ingest worker`); each finished run appears on the other pages.")
+try:
+    config = load_config(os.environ.get("STEPWATCH_CONFIG"))
+except RunError as e:
+    st.warning(f"The config file cannot be used, so only this machine is offered: {e}")
+    config = load_config(None)
+
+engines = {"reference": "reference workload", "sglang": "SGLang server", "import": "import a trace"}
+engine = st.radio("Engine", list(engines), format_func=engines.get, horizontal=True, key="engine")
+with st.form("run_spec"):
+    form = {"reference": spec_inputs.ask_reference, "sglang": spec_inputs.ask_sglang,
+            "import": spec_inputs.ask_import}[engine](config)
+    submitted = st.form_submit_button("Queue", type="primary", icon=":material/play_arrow:")
+
+if submitted:
+    try:
+        plan = plan_jobs(form, config)
+    except RunError as e:
+        st.error(f"Not queued: {e}")
+    else:
+        def enqueue(store):
+            for c in plan.commits:
+                store.record_commit(plan.repo, c.sha, c.committed_at, c.author, c.subject, c.seq)
+            return [store.enqueue_job(s.to_json(), s.describe(), plan.batch) for s in plan.specs]
+
+        ids, problem = data.write(enqueue)
+        if problem:
+            st.warning(f"Not queued: {problem}")
+        else:
+            st.success(f"Queued {len(ids)} job{'s' if len(ids) > 1 else ''} "
+                       f"({', '.join(map(str, ids))}): {plan.specs[0].describe()}"
+                       + (f" and {len(ids) - 1} more" if len(ids) > 1 else ""))
+
+
+SHOWN_ACTIVE = 20
+
+
+def cancel(job_id: int) -> None:
+    status, problem = data.write(lambda store: store.request_cancel(job_id))
+    st.session_state["cancel_note"] = problem or f"Job {job_id}: " + (
+        "asked to stop; the worker ends it within seconds." if status == "running" else f"{status}.")
+
+
+@st.fragment(run_every="2s")
+def show_jobs() -> None:
+    jobs = data.load_fresh(views.list_jobs)
+    if "cancel_note" in st.session_state:
+        st.info(st.session_state.pop("cancel_note"))
+    if not jobs:
+        st.caption("No jobs yet.")
+        return
+    active = [j for j in jobs if j["status"] in ("queued", "running")]
+    if active and all(j["status"] == "queued" for j in active) and max(j["queued_s"] for j in active) > 30:
+        st.warning("Jobs have waited for more than 30 s and none is running: is a worker started? "
+                   "Start one with `python -m ingest worker`.")
+    for job in active[:SHOWN_ACTIVE]:
+        with st.container(border=True):
+            st.markdown(f"**Job {job['job_id']}** · {job['status']} · {job['label']}")
+            if job["status"] == "running":
+                done, planned = job["steps_done"], job["steps_planned"]
+                st.progress(min(done / planned, 1.0) if planned else 0.0,
+                            text=f"{done} of {planned or '?'} steps · last report {job['heartbeat_s']} s ago"
+                                 + (" · cancel requested" if job["cancel_requested"] else ""))
+                if job["log_tail"]:
+                    st.code("\n".join(job["log_tail"].splitlines()[-8:]), language=None)
+            st.button("Cancel", key=f"cancel_{job['job_id']}", disabled=job["cancel_requested"], on_click=cancel,
+                      args=(job["job_id"],))
+    if len(active) > SHOWN_ACTIVE:
+        st.caption(f"… and {len(active) - SHOWN_ACTIVE} more waiting.")
+
+    done = pd.DataFrame([j for j in jobs if j["status"] not in ("queued", "running")])
+    if not done.empty:
+        st.markdown("**Finished jobs**")
+        for job in done.head(3).itertuples():
+            if job.status == "failed":
+                st.error(f"Job {job.job_id} failed ({job.error_kind}): {job.error}. Its log is below.")
+        table = done.assign(open=link_runs(done["run_id"]),
+                            why=[f"{k}: {e}" if k else "" for k, e in zip(done["error_kind"], done["error"])])
+        st.dataframe(table, hide_index=True, column_order=["job_id", "status", "label", "open", "tok_per_s",
+                                                           "why", "finished_at"],
+                     column_config={**run_columns(), "job_id": "job", "why": "error", "finished_at":
+                                    st.column_config.DatetimeColumn("finished", format="YYYY-MM-DD HH:mm:ss")})
+        statuses = dict(zip(done["job_id"], done["status"]))
+        picked = st.selectbox("Show the log of job", list(statuses), index=None, key="log_job",
+                              format_func=lambda j: f"{j} ({statuses[j]})")
+        if picked is not None:
+            st.code(data.load_fresh(views.get_job, int(picked))["log"] or "(no output)", language=None)
+
+
+st.subheader("Jobs")
+show_jobs()

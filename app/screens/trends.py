@@ -1,0 +1,76 @@
+"""Trends: decode tok/s, copy-kernel share and step time across commits, one line per variant."""
+
+import streamlit as st
+
+from app import charts, data
+from app.labels import describe_workload
+from app.tables import link_runs, run_columns
+from app.widgets import select_in_url
+from db import views
+
+st.title("Trends")
+st.caption("Decode throughput of each workload along a repository's first-parent history. "
+           "Points are runs; click one to open it.")
+
+counts, series, loose = data.load_all((views.count_runs,), (views.list_series,), (views.list_runs_without_commit,))
+if counts["runs"] == 0:
+    st.info("No runs yet. Start one on the Run a benchmark page, or import a trace with "
+            "`python -m ingest import PATH`.")
+    st.page_link("screens/run_benchmark.py", label="Run a benchmark", icon=":material/play_arrow:")
+    st.stop()
+
+if series.empty:
+    st.info(f"None of the {counts['runs']} runs measured a commit, so there is no trend to draw yet. "
+            "They are listed below.")
+else:
+    cols = st.columns([1, 1, 1.4, 0.7, 2.6, 0.8])
+    with cols[0]:
+        repo = select_in_url("Repository", series["repo"].unique(), "repo", format_func=lambda v: v or "(none)")
+    series = series[series["repo"] == repo]
+    with cols[1]:
+        engine = select_in_url("Engine", series["engine"].unique(), "engine", format_func=lambda v: v or "(unknown)")
+    series = series[series["engine"] == engine]
+    with cols[2]:
+        device = select_in_url("GPU", series["device"].unique(), "gpu", format_func=lambda v: v or "(unknown)")
+    series = series[series["device"] == device]
+    batches = series["batch_size"].astype("string").fillna("—")
+    with cols[3]:
+        batch = select_in_url("Batch size", batches.unique(), "batch")
+    series = series[batches == batch]
+    keys = dict(zip(series["workload_id"], series["workload_key"]))
+    runs_in = dict(zip(series["workload_id"], series["runs"]))
+    with cols[4]:
+        workload_id = select_in_url("Workload", list(keys), "workload",
+                                    format_func=lambda w: f"{describe_workload(keys[w])} ({runs_in[w]} runs)")
+
+    with cols[5]:
+        last = select_in_url("Commits shown", ["30", "100", "300", "all"], "last", default="100",
+                             format_func=lambda n: "all" if n == "all" else f"last {n}")
+    trend = data.load(views.get_trend, repo, engine, device, workload_id, None if last == "all" else int(last))
+    commits = trend["commit_order"].nunique()
+    st.markdown(f"**{describe_workload(keys[workload_id])}** — {len(trend)} runs at {commits} "
+                f"commit{'s' if commits != 1 else ''}, variants: {', '.join(sorted(trend['variant'].unique()))}")
+    event = st.altair_chart(charts.trend_chart(trend), on_select="rerun", key="trend_chart")
+    picked = (event.selection.get(charts.PICK_RUN) or []) if event else []
+    if picked and "run_id" in picked[0]:
+        st.switch_page("screens/run.py", query_params={"run": str(picked[0]["run_id"])})
+
+    if commits >= 2:
+        last_two = trend.drop_duplicates("commit_order", keep="last").tail(2)
+        st.page_link("screens/compare.py", label="Compare the last two commits", icon=":material/compare_arrows:",
+                     query_params={"a": str(last_two["run_id"].iloc[0]), "b": str(last_two["run_id"].iloc[1])})
+    with st.expander(f"The {len(trend)} runs of this series", expanded=False):
+        table = trend.assign(open=link_runs(trend["run_id"]))
+        st.dataframe(table, hide_index=True, column_order=["open", "short_sha", "subject", "variant", "tok_per_s",
+                                                           "step_ms", "copy_share", "gpu_busy_share", "committed_at"],
+                     column_config=run_columns())
+
+st.subheader("Runs without a commit")
+if loose.empty:
+    st.caption("Every run in the database measured a commit.")
+else:
+    st.caption("Plain trace imports: no commit was given for these, so they are not on the trend.")
+    st.dataframe(loose.assign(open=link_runs(loose["run_id"])), hide_index=True,
+                 column_order=["open", "imported_at", "source_path", "engine", "variant", "device", "steps",
+                               "tok_per_s", "step_ms", "copy_share"],
+                 column_config=run_columns())

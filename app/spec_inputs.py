@@ -1,0 +1,83 @@
+"""The Run a benchmark form's fields, engine by engine; returns what was entered as a FormInput
+(checked later by app.job_form.plan_jobs, never here)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ingest.runs.spec import Config
+
+from .job_form import FormInput
+
+MODES = {"eager": False, "CUDA graph": True}
+
+
+def _common(config: Config) -> dict:
+    left, middle, right = st.columns(3)
+    hosts = ["local"] + sorted(h for h in config.hosts if h != "local")
+    return dict(host=left.selectbox("Host", hosts, help="hosts come from the config file ($STEPWATCH_CONFIG)",
+                                           key="host"),
+                device=middle.radio("Device", ["cpu", "cuda"], horizontal=True, key="device"),
+                timeout_s=float(right.number_input("Timeout (s)", min_value=10, max_value=86400, value=3600)))
+
+
+def _commits() -> dict:
+    left, right = st.columns([3, 1])
+    return dict(commits=left.text_input("Commit or range", placeholder="HEAD, a sha, a tag, or A..B (one job a commit)",
+                                              key="commits"),
+                every=int(right.number_input("Range: every K-th commit", min_value=1, value=1, key="every")))
+
+
+def ask_reference(config: Config) -> FormInput:
+    from kernels.workload import KV_STRATEGIES, PRESETS
+
+    common = _common(config)
+    repo = st.text_input("Repository", placeholder="this checkout (stepwatch), or a name from the config's [repos]",
+                         key="repo")
+    commits = _commits()
+    left, right = st.columns(2)
+    variants = left.multiselect("KV strategies (variants)", KV_STRATEGIES, default=["full-pool-cast"], key="kv")
+    modes = right.multiselect("Execution", list(MODES), default=["eager"], key="modes")
+    cols = st.columns(4)
+    workload = dict(
+        preset=cols[0].selectbox("Preset", list(PRESETS), index=list(PRESETS).index("tiny"), key="preset"),
+        batch_size=int(cols[1].number_input("Batch size", min_value=1, value=1)),
+        context=int(cols[2].number_input("Context tokens (0: the preset's)", min_value=0, value=0)) or None,
+        profile_steps=int(cols[3].number_input("Profiled steps", min_value=1, value=3, key="profile_steps")))
+    return FormInput("reference", repo=repo.strip(), variants=tuple(variants),
+                     cuda_graph=tuple(MODES[m] for m in modes), workload=workload, **common, **commits)
+
+
+def ask_sglang(config: Config) -> FormInput:
+    common = _common(config)
+    repos = sorted(config.repos)
+    if not repos:
+        st.caption("The config file names no [repos]; the sglang engine needs one (set $STEPWATCH_CONFIG).")
+    repo = st.selectbox("Repository", repos, index=0 if repos else None)
+    commits = _commits()
+    left, right = st.columns(2)
+    variants = left.multiselect("Variants", ["unpatched"] + sorted(config.patches), default=["unpatched"])
+    modes = right.multiselect("Execution", list(MODES), default=["CUDA graph"])
+    cols = st.columns(4)
+    workload = dict(
+        model_path=cols[0].text_input("Model path").strip(),
+        load_format=cols[1].text_input("Load format", placeholder="e.g. dummy").strip(),
+        kv_cache_dtype=cols[2].text_input("KV cache dtype", placeholder="e.g. fp8_e4m3").strip(),
+        attention_backend=cols[3].text_input("Attention backend").strip(),
+        batch_size=int(cols[0].number_input("Batch size", min_value=1, value=1)),
+        input_len=int(cols[1].number_input("Input tokens", min_value=1, value=256)),
+        output_len=int(cols[2].number_input("Output tokens", min_value=1, value=32)),
+        tp=int(cols[3].number_input("Tensor parallel", min_value=1, value=1)),
+        profile_steps=int(cols[0].number_input("Profiled steps", min_value=1, value=3)),
+        extra_args=st.text_input("Extra server flags", placeholder="--flag --flag=value").split())
+    return FormInput("sglang", repo=repo or "", variants=tuple(variants), cuda_graph=tuple(MODES[m] for m in modes),
+                     workload=workload, **common, **commits)
+
+
+def ask_import(config: Config) -> FormInput:
+    common = _common(config)
+    path = st.text_input("Trace, directory of per-rank traces, or bundle", placeholder="/path/to/trace.json.gz",
+                         key="path")
+    left, right = st.columns(2)
+    return FormInput("import", path=path, repo=left.text_input("Repository (optional)").strip(),
+                     commits=right.text_input("Commit it measured (optional)").strip(), **common)

@@ -1,0 +1,341 @@
+"""Every query the dashboard makes. Each function takes an open Store, carries its SQL inline with
+`?` parameters, and returns a DataFrame or a dict of plain values (what the app caches).
+
+Trend series: runs that measured a commit, grouped by repository, engine, GPU and workload key
+(the workload without its variant and run-length fields). The key is long JSON, so pages name a
+series by `workload_id`, the first 10 hex digits of its md5. Missing repo, engine or GPU names
+are the empty string here, so that a series can be named by plain values in a URL.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from .store import Store
+
+# what a run's "step ms" is: the step time measured without the profiler when the bundle has
+# it (tok/s comes from the same timing), else the median profiled step
+_STEP_MS = "coalesce(r.timing_ms_median, r.step_ms_median)"
+_WORKLOAD_ID = "left(md5(coalesce(r.workload_key, '')), 10)"
+_SERIES_WHERE = (f"coalesce(p.name, '') = ? AND coalesce(r.engine, '') = ? AND coalesce(r.device_name, '') = ?"
+                 f" AND {_WORKLOAD_ID} = ?")
+# a kernel whose calls per step are the same and whose ms per step moved by less than this
+# fraction (or less than 1 us) is "same" in a kernel diff
+SAME_WITHIN = 0.05
+
+
+def _one(store: Store, sql: str, params: list) -> dict[str, Any] | None:
+    cur = store.con.execute(sql, params)
+    row = cur.fetchone()
+    return dict(zip([d[0] for d in cur.description], row)) if row else None
+
+
+# -- counts and series ---------------------------------------------------------------------
+def count_runs(store: Store) -> dict[str, int]:
+    """Runs in all, runs that measured a commit, and jobs in the queue's history."""
+    return _one(store, "SELECT (SELECT count(*) FROM runs) AS runs,"
+                       " (SELECT count(*) FROM runs WHERE commit_id IS NOT NULL) AS runs_with_commit,"
+                       " (SELECT count(*) FROM jobs) AS jobs", [])
+
+
+def list_series(store: Store) -> pd.DataFrame:
+    """One row per trend series (runs with a commit), the one with the most runs first."""
+    return store.con.execute(
+        "SELECT repo, engine, device, batch_size, left(md5(workload_key), 10) AS workload_id, workload_key,"
+        " runs, commits, variants FROM ("
+        "  SELECT coalesce(p.name, '') AS repo, coalesce(r.engine, '') AS engine,"
+        "   coalesce(r.device_name, '') AS device, r.batch_size, coalesce(r.workload_key, '') AS workload_key,"
+        "   count(*) AS runs, count(DISTINCT r.commit_id) AS commits,"
+        "   list(DISTINCT coalesce(r.variant, '') ORDER BY coalesce(r.variant, '')) AS variants"
+        "  FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+        "  WHERE r.commit_id IS NOT NULL GROUP BY ALL)"
+        " ORDER BY runs DESC, repo, engine, device, workload_id",
+        [],
+    ).df()
+
+
+def get_trend(store: Store, repo: str, engine: str, device: str, workload_id: str,
+              last_commits: int | None = None) -> pd.DataFrame:
+    """Every run of one series with its commit's facts, in commit order (first-parent `seq`,
+    then commit date), of the last `last_commits` commits measured (all when None). The tok/s
+    band is the untimed step spread: tok/s at the p90 and the p10 step time."""
+    return store.con.execute(
+        "SELECT * EXCLUDE (last_order) FROM ("
+        " SELECT r.run_id, coalesce(r.variant, '') AS variant, c.sha, left(c.sha, 7) AS short_sha,"
+        "  coalesce(c.subject, '') AS subject, coalesce(c.author, '') AS author, c.committed_at, c.seq,"
+        "  dense_rank() OVER (ORDER BY c.seq NULLS LAST, c.committed_at NULLS LAST, c.sha) AS commit_order,"
+        "  r.tok_per_s,"
+        "  r.tok_per_s * r.timing_ms_median / r.timing_ms_p90 AS tok_per_s_low,"
+        "  r.tok_per_s * r.timing_ms_median / r.timing_ms_p10 AS tok_per_s_high,"
+        f"  {_STEP_MS} AS step_ms, r.timing_ms_p10 AS step_ms_p10, r.timing_ms_p90 AS step_ms_p90,"
+        "  r.copy_share, r.gpu_busy_share, r.imported_at,"
+        "  count(DISTINCT c.commit_id) OVER () AS last_order"
+        " FROM runs r JOIN commits c ON c.commit_id = r.commit_id LEFT JOIN repos p ON p.repo_id = r.repo_id"
+        f" WHERE {_SERIES_WHERE})"
+        " WHERE ? IS NULL OR commit_order > last_order - ?"
+        " ORDER BY commit_order, variant, run_id",
+        [repo, engine, device, workload_id, last_commits, last_commits],
+    ).df()
+
+
+def find_series_of_run(store: Store, run_id: int | None) -> tuple[str, str, str, str] | None:
+    """(repo, engine, device, workload_id) of the series a run belongs to; None for a run
+    without a commit (or no such run)."""
+    if run_id is None:
+        return None
+    row = store.con.execute(
+        f"SELECT coalesce(p.name, ''), coalesce(r.engine, ''), coalesce(r.device_name, ''), {_WORKLOAD_ID}"
+        " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id WHERE r.run_id = ? AND r.commit_id IS NOT NULL",
+        [run_id],
+    ).fetchone()
+    return tuple(row) if row else None
+
+
+def get_trend_of_run(store: Store, run_id: int | None) -> pd.DataFrame | None:
+    """get_trend of the series the run belongs to; None for a run without a commit."""
+    series = find_series_of_run(store, run_id)
+    return get_trend(store, *series) if series else None
+
+
+def pick_run_at(trend: pd.DataFrame, sha: str, variant: str) -> int | None:
+    """The run a series shows for a commit and variant (the newest import of it): what a
+    comparison of two commits compares. Works on get_trend's frame."""
+    rows = trend[(trend["sha"] == sha) & (trend["variant"] == variant)]
+    return None if rows.empty else int(rows.sort_values(["imported_at", "run_id"]).iloc[-1]["run_id"])
+
+
+def find_default_comparison(store: Store) -> dict[str, Any] | None:
+    """What Compare shows with nothing asked: the last two commits of the series with the most
+    runs (its first variant measured at both), else the two newest runs; None with fewer than
+    two runs."""
+    series = list_series(store)
+    if not series.empty:
+        top = series.iloc[0]
+        trend = get_trend(store, top.repo, top.engine, top.device, top.workload_id)
+        shas = trend.drop_duplicates("sha")["sha"].tolist()
+        if len(shas) >= 2:
+            at_both = sorted(set(trend.loc[trend["sha"] == shas[-2], "variant"])
+                             & set(trend.loc[trend["sha"] == shas[-1], "variant"]))
+            if at_both:
+                return {"by": "commits", "a": pick_run_at(trend, shas[-2], at_both[0]),
+                        "b": pick_run_at(trend, shas[-1], at_both[0])}
+    newest = [r for (r,) in store.con.execute("SELECT run_id FROM runs ORDER BY run_id DESC LIMIT 2").fetchall()]
+    return {"by": "runs", "a": newest[1], "b": newest[0]} if len(newest) == 2 else None
+
+
+def list_runs_without_commit(store: Store, limit: int = 200) -> pd.DataFrame:
+    """Plain trace imports: runs that no commit was given for, newest first."""
+    return store.con.execute(
+        "SELECT r.run_id, r.imported_at, r.source_path, coalesce(r.engine, '') AS engine,"
+        " coalesce(r.variant, '') AS variant, coalesce(r.device_name, '') AS device, r.steps,"
+        f" r.tok_per_s, {_STEP_MS} AS step_ms, r.copy_share, r.kernels_from_cpu_ops"
+        " FROM runs r WHERE r.commit_id IS NULL ORDER BY r.run_id DESC LIMIT ?",
+        [limit],
+    ).df()
+
+
+def list_recent_runs(store: Store, limit: int = 500) -> pd.DataFrame:
+    """The newest runs, for pickers: id, commit, variant, and what they measured."""
+    return store.con.execute(
+        "SELECT r.run_id, coalesce(left(c.sha, 7), '') AS short_sha, coalesce(r.variant, '') AS variant,"
+        " coalesce(r.engine, '') AS engine, coalesce(r.device_name, '') AS device, r.workload_key,"
+        f" r.tok_per_s, {_STEP_MS} AS step_ms"
+        " FROM runs r LEFT JOIN commits c ON c.commit_id = r.commit_id ORDER BY r.run_id DESC LIMIT ?",
+        [limit],
+    ).df()
+
+
+# -- one run -------------------------------------------------------------------------------
+def get_run_overview(store: Store, run_id: int | None) -> dict[str, Any] | None:
+    """The run's row with its commit's facts, its series' names, its bundle's trace file names
+    (None for a plain trace) and its kernel row count; None when there is no such run (or no
+    run id)."""
+    if run_id is None:
+        return None
+    out = _one(
+        store,
+        "SELECT r.run_id, coalesce(p.name, '') AS repo, c.sha, c.subject, c.author, c.committed_at,"
+        " coalesce(r.variant, '') AS variant, coalesce(r.engine, '') AS engine,"
+        " coalesce(r.device_name, '') AS device, r.workload, r.workload_key,"
+        f" {_WORKLOAD_ID} AS workload_id, r.batch_size, r.peak_gbps, r.ranks, r.steps, r.step_method,"
+        f" r.step_ms_median, r.timing_ms_median, r.timing_ms_p10, r.timing_ms_p90, {_STEP_MS} AS step_ms,"
+        " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
+        " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
+        " (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
+        " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+        " LEFT JOIN commits c ON c.commit_id = r.commit_id WHERE r.run_id = ?",
+        [run_id],
+    )
+    if out is not None:
+        out["workload"] = json.loads(out["workload"]) if out["workload"] else None
+        out["trace_files"] = json.loads(out["trace_files"]) if out["trace_files"] else None
+    return out
+
+
+def list_ranks(store: Store, run_id: int) -> list[int]:
+    return [r for (r,) in store.con.execute(
+        "SELECT DISTINCT rank FROM steps WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
+
+
+def get_step_breakdown(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame:
+    """Kernel time per category in each profiled step (ms), plus `idle`: the step's wall time
+    in which no kernel ran (GPU idle; for a CPU-only trace, time outside the top-level ops)."""
+    return store.con.execute(
+        "SELECT step, category, dur_us / 1000.0 AS ms FROM step_categories WHERE run_id = ? AND rank = ?"
+        " UNION ALL"
+        " SELECT step, 'idle' AS category, greatest(wall_us - coalesce(gpu_busy_us, kernel_us), 0) / 1000.0"
+        " FROM steps WHERE run_id = ? AND rank = ?"
+        " ORDER BY step, category",
+        [run_id, rank, run_id, rank],
+    ).df()
+
+
+def get_category_means(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame:
+    """Mean ms per step of each category (a category missing from a step counts as 0 there),
+    with `idle` as in get_step_breakdown; largest first."""
+    return store.con.execute(
+        "WITH n AS (SELECT count(*) AS steps FROM steps WHERE run_id = ? AND rank = ?),"
+        " parts AS ("
+        "  SELECT category, dur_us FROM step_categories WHERE run_id = ? AND rank = ?"
+        "  UNION ALL SELECT 'idle', greatest(wall_us - coalesce(gpu_busy_us, kernel_us), 0)"
+        "  FROM steps WHERE run_id = ? AND rank = ?)"
+        " SELECT category, sum(dur_us) / 1000.0 / any_value(n.steps) AS ms_per_step"
+        " FROM parts, n GROUP BY category ORDER BY ms_per_step DESC, category",
+        [run_id, rank, run_id, rank, run_id, rank],
+    ).df()
+
+
+def get_kernel_table(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame:
+    """The run's kernels, the most time first; GB/s and % of peak where bytes are known."""
+    return store.con.execute(
+        "SELECT name, category, calls_per_step, mean_us, ms_per_step, share, gbps,"
+        " peak_fraction, launcher, source, calls, median_us, p90_us, bytes_per_call"
+        " FROM kernel_stats WHERE run_id = ? AND rank = ? ORDER BY total_us DESC, name",
+        [run_id, rank],
+    ).df()
+
+
+def get_job(store: Store, job_id: int | None) -> dict[str, Any] | None:
+    """A job with its log (the last 64 KB of its output); None when there is no such job (or no
+    job id: a run imported without one)."""
+    return None if job_id is None else store.get_job(job_id, with_log=True)
+
+
+def get_run_detail(store: Store, run_id: int | None, rank: int = 0) -> dict[str, Any] | None:
+    """Everything the Run page shows of one run and rank, in one go: the overview, its ranks,
+    the step breakdown and category means, the kernel table and the job that made it."""
+    run = get_run_overview(store, run_id)
+    if run is None:
+        return None
+    return {"run": run, "ranks": list_ranks(store, run_id), "breakdown": get_step_breakdown(store, run_id, rank),
+            "means": get_category_means(store, run_id, rank), "kernels": get_kernel_table(store, run_id, rank),
+            "job": get_job(store, run["job_id"])}
+
+
+# -- two runs ------------------------------------------------------------------------------
+def get_variant_matrix(store: Store, run_a: int, run_b: int) -> pd.DataFrame:
+    """Every variant of run A's series at run A's commit and run B's commit: the newest run of
+    each variant at each commit, with tok/s, step ms and copy share side by side. Empty when a
+    run has no commit."""
+    return store.con.execute(
+        "WITH anchor AS (SELECT repo_id, engine, device_name, workload_key FROM runs WHERE run_id = ?),"
+        " pair AS (SELECT (SELECT commit_id FROM runs WHERE run_id = ?) AS a, (SELECT commit_id FROM runs"
+        "   WHERE run_id = ?) AS b),"
+        " picked AS ("
+        "  SELECT r.commit_id, coalesce(r.variant, '') AS variant, r.run_id, r.tok_per_s,"
+        f"  {_STEP_MS} AS step_ms, r.copy_share,"
+        "   row_number() OVER (PARTITION BY r.commit_id, coalesce(r.variant, '')"
+        "                      ORDER BY r.imported_at DESC, r.run_id DESC) AS newest"
+        "  FROM runs r, anchor s, pair"
+        "  WHERE r.repo_id IS NOT DISTINCT FROM s.repo_id AND r.engine IS NOT DISTINCT FROM s.engine"
+        "   AND r.device_name IS NOT DISTINCT FROM s.device_name AND r.workload_key IS NOT DISTINCT FROM s.workload_key"
+        "   AND r.commit_id IN (pair.a, pair.b))"
+        " SELECT variant,"
+        "  max(run_id) FILTER (WHERE commit_id = pair.a) AS a_run_id,"
+        "  max(run_id) FILTER (WHERE commit_id = pair.b) AS b_run_id,"
+        "  max(tok_per_s) FILTER (WHERE commit_id = pair.a) AS a_tok_per_s,"
+        "  max(tok_per_s) FILTER (WHERE commit_id = pair.b) AS b_tok_per_s,"
+        "  max(step_ms) FILTER (WHERE commit_id = pair.a) AS a_step_ms,"
+        "  max(step_ms) FILTER (WHERE commit_id = pair.b) AS b_step_ms,"
+        "  max(copy_share) FILTER (WHERE commit_id = pair.a) AS a_copy_share,"
+        "  max(copy_share) FILTER (WHERE commit_id = pair.b) AS b_copy_share"
+        " FROM picked, pair WHERE newest = 1 GROUP BY variant ORDER BY variant",
+        [run_a, run_a, run_b],
+    ).df()
+
+
+def get_category_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.DataFrame:
+    """Mean ms per step of each category in both runs and the change (b - a), the largest
+    change first. The categories' sums are the two runs' step times (idle included)."""
+    a = get_category_means(store, run_a, rank).rename(columns={"ms_per_step": "a_ms_per_step"})
+    b = get_category_means(store, run_b, rank).rename(columns={"ms_per_step": "b_ms_per_step"})
+    out = a.merge(b, on="category", how="outer").fillna({"a_ms_per_step": 0.0, "b_ms_per_step": 0.0})
+    out["delta_ms_per_step"] = out["b_ms_per_step"] - out["a_ms_per_step"]
+    order = out["delta_ms_per_step"].abs().sort_values(ascending=False, kind="stable").index
+    return out.loc[order].reset_index(drop=True)
+
+
+def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
+                    same_within: float = SAME_WITHIN) -> pd.DataFrame:
+    """Kernels of two runs matched by name and launcher op (summed over source lines): added,
+    removed, changed or same, with calls/step, ms/step and share on each side, sorted by
+    |change in ms per step|."""
+    return store.con.execute(
+        "WITH a AS (SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
+        "   sum(ms_per_step) AS ms_per_step, sum(share) AS share"
+        "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY name, launcher),"
+        " b AS (SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
+        "   sum(ms_per_step) AS ms_per_step, sum(share) AS share"
+        "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY name, launcher),"
+        " j AS (SELECT coalesce(a.name, b.name) AS name, coalesce(a.launcher, b.launcher) AS launcher,"
+        "   coalesce(b.category, a.category) AS category,"
+        "   a.calls_per_step AS a_calls_per_step, b.calls_per_step AS b_calls_per_step,"
+        "   a.ms_per_step AS a_ms_per_step, b.ms_per_step AS b_ms_per_step, a.share AS a_share, b.share AS b_share,"
+        "   coalesce(b.ms_per_step, 0) - coalesce(a.ms_per_step, 0) AS delta_ms_per_step"
+        "  FROM a FULL OUTER JOIN b ON a.name = b.name AND a.launcher = b.launcher)"
+        " SELECT CASE WHEN a_ms_per_step IS NULL THEN 'added' WHEN b_ms_per_step IS NULL THEN 'removed'"
+        "   WHEN a_calls_per_step = b_calls_per_step"
+        "    AND abs(delta_ms_per_step) <= greatest(? * a_ms_per_step, 0.001) THEN 'same'"
+        "   ELSE 'changed' END AS change, *"
+        " FROM j ORDER BY abs(delta_ms_per_step) DESC, name, launcher",
+        [run_a, rank, run_b, rank, same_within],
+    ).df()
+
+
+def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[str, Any] | None:
+    """Everything the Compare page shows of two runs, in one go (with either missing, those of
+    find_default_comparison): both overviews (None for a missing run), every variant at both
+    commits, run A's series, the list of series, the step-time change and the kernel diff.
+    None when the database has fewer than two runs."""
+    by = None
+    if run_a is None or run_b is None:
+        default = find_default_comparison(store)
+        if default is None:
+            return None
+        run_a, run_b, by = default["a"], default["b"], default["by"]
+    return {"run_a": run_a, "run_b": run_b, "by": by,
+            "a": get_run_overview(store, run_a), "b": get_run_overview(store, run_b),
+            "matrix": get_variant_matrix(store, run_a, run_b), "trend": get_trend_of_run(store, run_a),
+            "series": list_series(store), "diff": get_category_diff(store, run_a, run_b),
+            "kernels": get_kernel_diff(store, run_a, run_b)}
+
+
+# -- the job queue -------------------------------------------------------------------------
+def list_jobs(store: Store, limit: int = 50, log_tail_chars: int = 2000) -> list[dict[str, Any]]:
+    """The newest jobs, with the end of each one's log, its run's tok/s when it made one, and
+    the seconds since it was queued and since its worker last reported (as the database's
+    clock counts them, the clock that wrote those times)."""
+    cur = store.con.execute(
+        "SELECT j.job_id, j.label, j.status, j.error_kind, j.error, j.queued_at, j.started_at,"
+        " j.finished_at, j.heartbeat_at, j.worker, j.steps_done, j.steps_planned, j.cancel_requested,"
+        " j.run_id, j.batch, right(j.log, ?) AS log_tail, r.tok_per_s,"
+        " date_diff('second', j.queued_at, current_timestamp::TIMESTAMP) AS queued_s,"
+        " date_diff('second', j.heartbeat_at, current_timestamp::TIMESTAMP) AS heartbeat_s"
+        " FROM jobs j LEFT JOIN runs r ON r.run_id = j.run_id ORDER BY j.job_id DESC LIMIT ?",
+        [log_tail_chars, limit],
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]

@@ -1,0 +1,145 @@
+"""The dashboard's pure parts: chart builders (through chart.to_dict()), labels, the kernel
+filter, trace files for Perfetto, and the form's plan of jobs. Frames come from db.views on the
+fixture database, so the charts are checked on the data they will draw."""
+
+import subprocess
+
+import pandas as pd
+import pytest
+
+from app import charts
+from app.job_form import FormInput, plan_jobs
+from app.labels import describe_workload, format_change, format_percent, label_commit
+from app.tables import filter_rows
+from app.traces import list_trace_files
+from db import views
+from db.store import open_db
+from ingest.runs.errors import SpecError
+from ingest.runs.spec import Config
+from tests.test_app_fixtures import SAMPLES, dashboard_db, find_run_id  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="module")
+def frames(dashboard_db):  # noqa: F811
+    a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
+    b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
+    with open_db(dashboard_db, read_only=True) as store:
+        return {"trend": views.get_trend(store, "stepwatch", "reference", "NVIDIA H200", "b0e35bdd9a"),
+                "breakdown": views.get_step_breakdown(store, a), "means": views.get_category_means(store, a),
+                "diff": views.get_category_diff(store, a, b),
+                "matrix": views.get_variant_matrix(store, find_run_id(dashboard_db, "b9bba77-glm5-fused-graph"), b),
+                "a": a, "b": b}
+
+
+def test_trend_chart_three_panels_on_one_commit_axis(frames):
+    spec = charts.trend_chart(frames["trend"]).to_dict()
+    tok, share, step = spec["vconcat"]
+    order = ["b9bba77 kernels: reference MLA deco…", "3bee539 kernels: whole-row gather-c…",
+             "3cf1671 kernels: time gather kernel…"]
+    for panel in (tok, share, step):
+        assert [layer["encoding"]["x"]["sort"] for layer in panel["layer"]] == [order] * len(panel["layer"])
+        assert all(layer["encoding"]["color"]["field"] == "variant" for layer in panel["layer"])
+    band, line, points = tok["layer"]
+    assert (band["mark"]["type"], band["encoding"]["y"]["field"], band["encoding"]["y2"]["field"]) == (
+        "rule", "tok_per_s_low", "tok_per_s_high")
+    assert (line["encoding"]["y"]["field"], line["encoding"]["y"]["aggregate"]) == ("tok_per_s", "mean")
+    pick = spec["params"][0]  # Altair lifts a compound chart's selection to the top, naming its view
+    assert (pick["name"], pick["select"]["fields"], pick["select"]["on"], pick["views"]) == (
+        charts.PICK_RUN, ["run_id"], "click", [points["name"]])
+    assert [layer["encoding"]["y"]["field"] for layer in share["layer"]] == ["copy_share", "copy_share"]
+    assert step["layer"][0]["encoding"]["y"]["field"] == "step_ms_p10"
+    assert {t["title"] for t in points["encoding"]["tooltip"]} >= {"date", "author", "subject", "commit"}
+    data = next(iter(spec["datasets"].values()))
+    assert len(data) == 9 and {row["variant"] for row in data} == {"full-pool-cast", "fused", "gather-then-cast"}
+
+
+def test_step_breakdown_and_means_use_one_colour_per_category(frames):
+    stacked = charts.step_breakdown_chart(frames["breakdown"]).to_dict()
+    scale = stacked["encoding"]["color"]["scale"]
+    assert scale["domain"] == ["cast", "gemm", "attention", "norm", "elementwise", "idle"]
+    assert scale["range"][0] == charts.CATEGORY_COLOURS["cast"]
+    assert (stacked["mark"]["type"], stacked["encoding"]["y"]["aggregate"]) == ("bar", "sum")
+    means = charts.category_mean_chart(frames["means"]).to_dict()
+    assert means["encoding"]["y"]["sort"] == "-x"
+    assert means["encoding"]["color"]["scale"]["domain"] == scale["domain"]
+
+
+def test_waterfall_walks_from_a_to_b(frames):
+    steps = charts.waterfall_steps(frames["diff"], "A", "B")
+    assert steps["label"].tolist() == ["A", "cast", "idle", "gemm", "elementwise", "norm", "attention", "B"]
+    assert steps["kind"].tolist() == ["total", "faster", "faster", "faster", "faster", "slower", "slower", "total"]
+    assert steps.iloc[0].end_ms == pytest.approx(78.051674, abs=1e-5)
+    assert (steps.iloc[1].start_ms, steps.iloc[1].end_ms) == (pytest.approx(78.051674, abs=1e-5),
+                                                              pytest.approx(10.824296, abs=1e-5))
+    assert steps.iloc[-2].end_ms == pytest.approx(steps.iloc[-1].end_ms)  # the last change lands on B's total
+    spec = charts.waterfall_chart(steps).to_dict()
+    assert spec["encoding"]["x"]["sort"] == steps["label"].tolist()
+    assert (spec["encoding"]["y"]["field"], spec["encoding"]["y2"]["field"]) == ("start_ms", "end_ms")
+
+
+def test_variant_chart_has_a_bar_per_variant_and_commit(frames):
+    spec = charts.variant_chart(frames["matrix"], "A b9bba77", "B 3bee539").to_dict()
+    data = next(iter(spec["datasets"].values()))
+    assert len(data) == 6 and spec["encoding"]["yOffset"]["sort"] == ["A b9bba77", "B 3bee539"]
+
+
+def test_labels():
+    key = ('{"active_rows": 2049, "batch_size": 1, "context": 2048, "cuda_graph": true, "device": "cuda",'
+           ' "preset": "glm5", "tp": 1}')
+    assert describe_workload(key) == "glm5 · batch 1 · context 2048 · CUDA graph"
+    assert describe_workload('{"model_path": "/m/GLM-5-NVFP4", "batch_size": 8, "tp": 8, "cuda_graph": false}') \
+        == "GLM-5-NVFP4 · batch 8 · TP 8 · eager"
+    assert describe_workload(None) == describe_workload(float("nan")) == "no workload recorded"
+    assert label_commit("3bee539", "kernels: whole-row gather-cast (512+64 tiles)", 20) == \
+        "3bee539 kernels: whole-row …"
+    assert (format_change(13.4938, 129.5358), format_change(0, 1), format_change(None, 1)) == ("+860.0 %", "—", "—")
+    assert (format_percent(0.9057895), format_percent(None)) == ("90.6 %", "—")
+
+
+def test_filter_rows_is_plain_text_and_case_insensitive():
+    table = pd.DataFrame({"name": ["nvjet_a", "cast[x]", None], "launcher": ["aten::mm", "aten::copy_", "x"]})
+    assert filter_rows(table, "NVJET", ["name", "launcher"])["name"].tolist() == ["nvjet_a"]
+    assert filter_rows(table, "[x]", ["name"])["name"].tolist() == ["cast[x]"]
+    assert filter_rows(table, "copy", ["name", "launcher"])["name"].tolist() == ["cast[x]"]
+    assert len(filter_rows(table, "  ", ["name"])) == 3
+
+
+def test_trace_files_for_perfetto(tmp_path):
+    bundle = SAMPLES / "3bee539-glm5-fused-graph"
+    assert list_trace_files(str(bundle), ["trace.json.gz"]) == [bundle / "trace.json.gz"]
+    assert list_trace_files(str(bundle), None) == [bundle / "trace.json.gz"]  # manifest and key averages left out
+    assert list_trace_files(str(tmp_path / "gone.json"), None) == []
+
+
+def test_form_plans_one_job_per_variant_and_mode():
+    plan = plan_jobs(FormInput("reference", variants=("fused", "full-pool-cast"), cuda_graph=(False, True),
+                               workload={"preset": "tiny", "profile_steps": 2, "context": None}), Config())
+    assert [(s.workload.kv, s.workload.cuda_graph) for s in plan.specs] == [
+        ("fused", False), ("fused", True), ("full-pool-cast", False), ("full-pool-cast", True)]
+    assert {(s.engine, s.device, s.workload.preset, s.workload.profile_steps, s.ref) for s in plan.specs} == {
+        ("reference", "cpu", "tiny", 2, None)}
+
+
+@pytest.mark.parametrize("form, reason", [
+    (FormInput("reference", variants=("fused",), workload={"preset": "huge"}), "spec.workload.preset: 'huge'"),
+    (FormInput("reference", variants=("fused",), host="gpu1", workload={"preset": "tiny"}), "host 'gpu1'"),
+    (FormInput("sglang", variants=("unpatched",), workload={"model_path": "m"}), "spec.repo: the sglang engine"),
+    (FormInput("import", path="/no/such/trace.json"), "spec.path: /no/such/trace.json: no such file"),
+])
+def test_form_refuses_with_the_first_bad_field(form, reason):
+    with pytest.raises(SpecError, match=reason.replace("(", r"\(").replace(".", r"\.")):
+        plan_jobs(form, Config())
+
+
+def test_form_takes_a_checkout_path_as_the_repo(tmp_path):
+    checkout = tmp_path / "sglang-fork"
+    checkout.mkdir()
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@e"]
+    form = FormInput("reference", repo=str(checkout), commits="v1.2", variants=("fused",), workload={"preset": "tiny"})
+    with pytest.raises(SpecError, match="not a git checkout|no such commit"):  # checked before anything is queued
+        plan_jobs(form, Config())
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "one"], check=True)
+    subprocess.run([*git, "tag", "v1.2"], check=True)
+    spec = plan_jobs(form, Config()).specs[0]
+    assert (spec.repo, spec.repo_path, spec.ref, spec.workload.kv) == ("sglang-fork", str(checkout), "v1.2", "fused")

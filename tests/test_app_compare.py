@@ -1,0 +1,84 @@
+"""The Compare page (AppTest) on the fixture database: two commits of the glm5 series with
+every KV strategy at both, and two runs (full-pool-cast against fused) with the cast kernel
+removed and the fused gather-cast kernel added. The two runs live in the URL."""
+
+import json
+
+from tests.test_app_fixtures import dashboard_db, find_run_id, open_page  # noqa: F401  (fixtures)
+
+
+def test_two_commits_show_every_variant_at_both(dashboard_db, open_page):  # noqa: F811
+    a = find_run_id(dashboard_db, "b9bba77-glm5-fused-graph")
+    b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
+    at = open_page(dashboard_db, "compare", a=str(a), b=str(b))
+    assert not at.exception
+    assert at.radio(key="compare_by").value == "two commits"
+    assert at.selectbox(key="compare_sha_a").value.startswith("b9bba77")
+    assert at.selectbox(key="compare_sha_b").value.startswith("3bee539")
+    assert at.selectbox(key="compare_variant").value == "fused"
+    assert (at.query_params["a"], at.query_params["b"], at.query_params["by"]) == (str(a), str(b), "commits")
+
+    matrix = at.dataframe[0].value
+    assert matrix["variant"].tolist() == ["full-pool-cast", "fused", "gather-then-cast"]
+    assert matrix["b_tok_per_s"].round(2).tolist() == [13.49, 129.54, 122.69]
+    assert matrix["change"].tolist() == ["-2.0 %", "-0.3 %", "-0.6 %"]
+
+    tiles = [(m.label, m.value, m.delta) for m in at.metric]
+    assert tiles[0] == ("Decode tok/s", "129.94", "")  # A
+    assert tiles[4] == ("Decode tok/s", "129.54", "-0.3 %")  # B against A
+    assert tiles[6] == ("Copy-kernel share", "6.0 %", "-0.0 pp")
+
+
+def test_two_runs_full_pool_cast_against_fused(dashboard_db, open_page):  # noqa: F811
+    a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
+    b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
+    at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
+    assert not at.exception
+    assert (at.selectbox(key="compare_run_a").value, at.selectbox(key="compare_run_b").value) == (a, b)
+    assert not at.warning  # the same workload: no warning
+    tiles = {(i // 4, m.label): (m.value, m.delta) for i, m in enumerate(at.metric)}
+    assert tiles[(0, "Decode tok/s")] == ("13.49", "")
+    assert tiles[(1, "Decode tok/s")] == ("129.54", "+860.0 %")
+    assert tiles[(1, "Copy-kernel share")] == ("6.0 %", "-84.5 pp")
+
+    waterfall = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert waterfall["encoding"]["x"]["sort"] == [f"A: run {a}", "cast", "idle", "gemm", "elementwise", "norm",
+                                                  "attention", f"B: run {b}"]
+
+    kernels = at.dataframe[0].value
+    assert kernels["change"].tolist() == ["removed", "added", "changed", "removed", "changed"]
+    assert kernels.iloc[0]["name"].startswith("void at::native::unrolled_elementwise_kernel")
+    assert (kernels.iloc[0].a_calls_per_step, round(kernels.iloc[0].delta_ms_per_step, 3)) == (78.0, -67.518)
+    assert (kernels.iloc[1]["name"], kernels.iloc[1].b_calls_per_step) == ("_gather_cast_kernel", 78.0)
+
+    at.multiselect[0].set_value(["added"]).run()
+    assert at.dataframe[0].value["name"].tolist() == ["_gather_cast_kernel"]
+
+
+def test_runs_of_different_workloads_are_compared_with_a_warning(dashboard_db, open_page):  # noqa: F811
+    a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
+    b = find_run_id(dashboard_db, "tiny-fused-graph-nostack")
+    at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
+    assert not at.exception
+    assert at.warning[0].value.startswith("Runs A and B measured different workloads")
+
+
+def test_default_comparison_is_the_last_two_commits(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "compare")
+    assert not at.exception
+    assert at.selectbox(key="compare_sha_a").value.startswith("3bee539")
+    assert at.selectbox(key="compare_sha_b").value.startswith("3cf1671")
+    assert at.query_params["a"] == str(find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph"))
+
+
+def test_picking_another_commit_rewrites_the_url(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "compare", a=str(find_run_id(dashboard_db, "b9bba77-glm5-fused-graph")),
+                   b=str(find_run_id(dashboard_db, "3bee539-glm5-fused-graph")))
+    at.selectbox(key="compare_sha_b").select("3cf16716eab78d4cd9ea520cb840b647b37f02c8").run()
+    assert not at.exception
+    assert at.query_params["b"] == str(find_run_id(dashboard_db, "3cf1671-glm5-fused-graph"))
+    assert at.markdown[1].value.startswith(f"**B** · [run {at.query_params['b']} · 3cf1671 · fused")
+    at.selectbox(key="compare_variant").select("gather-then-cast").run()
+    assert (at.query_params["a"], at.query_params["b"]) == (
+        str(find_run_id(dashboard_db, "b9bba77-glm5-gather-then-cast-graph")),
+        str(find_run_id(dashboard_db, "3cf1671-glm5-gather-then-cast-graph")))

@@ -1,0 +1,109 @@
+"""The dashboard's fixture database: a real DuckDB file built by the real migrations from the
+real bundles (app/sample_data: glm5 on the H200 at three commits; tests/data/bundles: the tiny
+preset) and one CPU-only trace without a commit, plus a job in each state. The dashboard tests
+import `dashboard_db` (a session fixture), `writable_db` (a copy for tests that write),
+`open_page` (an AppTest of one page) and `find_run_id` from here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from db.store import open_db
+from ingest.categories import load_rule_chain
+from ingest.importer import ImportOptions, prepare_import
+from ingest.runs.spec import parse_spec
+from tests.helpers import DATA, ROOT
+
+SAMPLES = ROOT / "app" / "sample_data"
+# the sample bundles the expected figures are about: glm5 at three commits (each KV strategy under
+# CUDA graphs, and eager at the last); bundles added to app/sample_data later are left out
+FIXTURE_COMMITS = ("b9bba77", "3bee539", "3cf1671")
+# the tiny preset on the H200 (each KV strategy, eager and graph, with and without stacks), and
+# two glm5 bundles that are sample bundles again (imported once: same content hash)
+TEST_BUNDLES = [DATA / "bundles" / f"{preset}-{kv}-{mode}{stack}" for preset, kv, mode, stack in (
+    [("tiny", kv, mode, stack) for kv in ("full-pool-cast", "fused") for mode in ("eager", "graph")
+     for stack in ("-nostack", "-stack")] + [("glm5", "full-pool-cast", "graph", ""), ("glm5", "fused", "graph", "")])]
+CPU_TRACE = DATA / "traces" / "cpu_small.trace.json"
+JOB_BUNDLE = DATA / "bundles" / "tiny-fused-graph-nostack"  # the run a succeeded job made
+RUNNING_LOG = "progress: timing 3/20\nprogress: timing 4/20\nprogress: timing 5/20\n"
+
+
+def _spec_json(kv: str) -> str:
+    return parse_spec({"engine": "reference", "device": "cpu",
+                       "workload": {"preset": "tiny", "kv": kv, "profile_steps": 2}}).to_json()
+
+
+def build_dashboard_db(path: Path) -> Path:
+    rules = load_rule_chain()
+    with open_db(path) as store:
+        for bundle in sorted(p for p in SAMPLES.iterdir() if p.is_dir() and p.name.startswith(FIXTURE_COMMITS)):
+            store.insert_run(prepare_import(bundle, rules, ImportOptions()))
+        facts = json.loads((SAMPLES / "commits.json").read_text())
+        for c in (c for c in facts["commits"] if c["sha"].startswith(FIXTURE_COMMITS)):
+            store.record_commit(facts["repo"], c["sha"], c["committed_at"], c["author"], c["subject"], c["seq"])
+
+        done = store.enqueue_job(_spec_json("fused"), "reference tiny fused on local/cpu", "b1")
+        store.claim_job("testhost:1")
+        for bundle in TEST_BUNDLES:
+            opts = ImportOptions(job_id=done) if bundle == JOB_BUNDLE else ImportOptions()
+            run_id, _ = store.insert_run(prepare_import(bundle, rules, opts))
+            if bundle == JOB_BUNDLE:
+                store.finish_job(done, "succeeded", run_id=run_id, log="progress: profile 3/3\nbundle written\n")
+        store.insert_run(prepare_import(CPU_TRACE, rules, ImportOptions()))
+
+        failed = store.enqueue_job(_spec_json("full-pool-cast"), "reference tiny full-pool-cast on local/cpu", "b2")
+        store.claim_job("testhost:1")
+        store.finish_job(failed, "failed", error_kind="engine-error",
+                         error="kernels.bench exited with status 1", log="Traceback ...\nRuntimeError: out of memory\n")
+        running = store.enqueue_job(_spec_json("gather-then-cast"), "reference tiny gather-then-cast on local/cpu",
+                                    "b3")
+        store.claim_job("testhost:1")
+        store.report_progress(running, steps_done=5, steps_planned=23, log_tail=RUNNING_LOG)
+        store.enqueue_job(_spec_json("fused"), "reference tiny fused (waiting) on local/cpu", "b3")
+    return path
+
+
+def find_run_id(db: Path, source_name: str) -> int:
+    """The run imported from the bundle or trace with this directory or file name."""
+    with open_db(db, read_only=True) as store:
+        return store.con.execute("SELECT run_id FROM runs WHERE source_path LIKE '%/' || ?",
+                                 [source_name]).fetchone()[0]
+
+
+@pytest.fixture(scope="session")
+def dashboard_db(tmp_path_factory) -> Path:
+    return build_dashboard_db(tmp_path_factory.mktemp("dashboard") / "stepwatch.duckdb")
+
+
+@pytest.fixture
+def writable_db(dashboard_db, tmp_path) -> Path:
+    return Path(shutil.copy(dashboard_db, tmp_path / "stepwatch.duckdb"))
+
+
+@pytest.fixture
+def open_page(monkeypatch):
+    """open_page(db, "run", run="5") -> the AppTest of app/main.py on that page, run once."""
+
+    def open_(db: Path, page: str, **params: str) -> AppTest:
+        monkeypatch.setenv("STEPWATCH_DB", str(db))
+        at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60)
+        at.switch_page(f"screens/{page}.py")
+        for key, value in params.items():
+            at.query_params[key] = value
+        return at.run()
+
+    return open_
+
+
+def test_the_fixture_holds_every_kind_of_run_and_job(dashboard_db):
+    with open_db(dashboard_db, read_only=True) as store:
+        counts = store.count_rows()
+        statuses = [j["status"] for j in store.list_jobs()]
+    # 12 sample bundles + 8 tiny bundles (the two glm5 test bundles are sample bundles again) + 1 CPU trace
+    assert counts["runs"] == 21 and counts["commits"] == 3
+    assert statuses == ["queued", "running", "failed", "succeeded"]

@@ -1,0 +1,73 @@
+"""The Run page (AppTest) on the fixture database: the glm5 full-pool-cast run's figures as the
+H200 measured them, its kernels, its trace for Perfetto; a job's log; a CPU-only trace."""
+
+import json
+
+from tests.test_app_fixtures import dashboard_db, find_run_id, open_page  # noqa: F401  (fixtures)
+
+
+def _metrics(at) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_glm5_full_pool_cast_run(dashboard_db, open_page):  # noqa: F811
+    run_id = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
+    at = open_page(dashboard_db, "run", run=str(run_id))
+    assert not at.exception
+    assert at.selectbox(key="url_run").value == str(run_id)
+    assert _metrics(at) == {"Decode tok/s": "13.49", "Step ms": "74.108", "Copy-kernel share": "90.6 %",
+                            "GPU busy share": "95.7 %"}
+    assert at.caption[0].value.startswith("stepwatch · 3bee539 kernels: whole-row gather-cast")
+    assert "variant full-pool-cast · reference · NVIDIA H200 · glm5 · batch 1 · context 2048 · CUDA graph" \
+        in at.caption[0].value
+
+    kernels = at.dataframe[0].value
+    assert len(kernels) == 16
+    cast = kernels.iloc[0]
+    assert cast["name"].startswith("void at::native::unrolled_elementwise_kernel")
+    assert (cast.calls_per_step, round(cast.ms_per_step, 3), round(cast.share, 4)) == (78.0, 67.518, 0.9042)
+    assert cast.launcher == "cudaGraphLaunch" and cast.source == "kernels/workload.py(238): run_step"
+
+    step_chart, mean_chart = (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
+    assert step_chart["encoding"]["x"]["field"] == "step" and mean_chart["encoding"]["x"]["field"] == "ms_per_step"
+
+    download = at.get("download_button")
+    assert [d.proto.label for d in download] == ["Download trace.json.gz"]
+    assert any("ui.perfetto.dev" in c.value for c in at.caption)
+    assert not at.expander  # not made by a job: no log
+
+
+def test_kernel_filter(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")))
+    at.text_input[0].input("NVJET").run()
+    shown = at.dataframe[0].value
+    assert len(shown) == 3 and shown["name"].str.startswith("nvjet").all()
+    assert any(c.value.startswith("3 of 16 kernels") for c in at.caption)
+
+
+def test_a_run_made_by_a_job_shows_the_jobs_log(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "tiny-fused-graph-nostack")))
+    assert not at.exception
+    assert at.expander[0].label == "Log of job 1 (succeeded): reference tiny fused on local/cpu"
+    assert "bundle written" in at.code[0].value
+
+
+def test_cpu_only_trace_says_so(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "cpu_small.trace.json")))
+    assert not at.exception
+    assert at.info[0].value.startswith("This is a CPU-only trace: it has no GPU kernels")
+    assert _metrics(at) == {"Decode tok/s": "—", "Step ms": "0.270", "Copy-kernel share": "46.6 %",
+                            "GPU busy share": "—"}
+    assert at.dataframe[0].value.iloc[0]["name"] == "aten::copy_"
+    assert [d.proto.label for d in at.get("download_button")] == ["Download cpu_small.trace.json"]
+
+
+def test_without_a_run_in_the_url_the_newest_run_is_shown(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "run")
+    assert at.query_params["run"] == str(find_run_id(dashboard_db, "cpu_small.trace.json"))
+
+
+def test_an_unknown_run_is_a_sentence(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "run", run="999999")
+    assert not at.exception
+    assert at.warning[0].value == "There is no run 999999 in this database."

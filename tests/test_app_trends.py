@@ -1,0 +1,70 @@
+"""The Trends page (AppTest) on the fixture database: the glm5 CUDA-graph series by default,
+filters from the URL, the runs without a commit listed apart."""
+
+import json
+
+from tests.test_app_fixtures import dashboard_db, find_run_id, open_page  # noqa: F401  (fixtures)
+
+
+def _chart_spec(at) -> dict:
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 1
+    return json.loads(charts[0].proto.spec)
+
+
+def _values(at, label: str) -> dict:
+    return {s.label: s.value for s in at.selectbox}[label]
+
+
+def test_default_series_is_the_one_with_most_runs(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends")
+    assert not at.exception
+    assert {s.label: s.value for s in at.selectbox} == {
+        "Repository": "stepwatch", "Engine": "reference", "GPU": "NVIDIA H200", "Batch size": "1",
+        "Workload": "b0e35bdd9a", "Commits shown": "100"}
+    assert at.markdown[0].value.startswith("**glm5 · batch 1 · context 2048 · CUDA graph** — 9 runs at 3 commits")
+    assert dict(at.query_params) == {"repo": "stepwatch", "engine": "reference", "gpu": "NVIDIA H200",
+                                     "batch": "1", "workload": "b0e35bdd9a", "last": "100"}
+    spec = _chart_spec(at)
+    tok, share, step = spec["vconcat"]
+    assert tok["layer"][1]["encoding"]["y"]["title"] == "decode tok/s"
+    assert step["layer"][2]["encoding"]["x"]["sort"][0] == "b9bba77 kernels: reference MLA deco…"
+
+    runs = at.dataframe[0].value
+    assert len(runs) == 9
+    cast = runs[(runs["short_sha"] == "3bee539") & (runs["variant"] == "full-pool-cast")].iloc[0]
+    assert round(cast.tok_per_s, 2) == 13.49 and round(cast.copy_share, 3) == 0.906
+    assert cast.open == f"run?run={find_run_id(dashboard_db, '3bee539-glm5-full-pool-cast-graph')}"
+
+    link = at.get("page_link")[0]
+    assert link.proto.label == "Compare the last two commits"
+
+
+def test_runs_without_a_commit_are_listed_apart(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends")
+    loose = at.dataframe[1].value
+    assert loose["source_path"].str.endswith("cpu_small.trace.json").tolist() == [True]
+    assert loose["open"].tolist() == [f"run?run={find_run_id(dashboard_db, 'cpu_small.trace.json')}"]
+
+
+def test_filters_come_from_the_url(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends", workload="05058f210a")  # glm5 eager: one commit, three KV strategies
+    assert not at.exception
+    assert _values(at, "Workload") == "05058f210a"
+    assert at.markdown[0].value.startswith("**glm5 · batch 1 · context 2048 · eager** — 3 runs at 1 commit,")
+    assert sorted(at.dataframe[0].value["tok_per_s"].round(2)) == [13.32, 35.83, 44.29]
+    assert not at.get("page_link")  # one commit: nothing to compare along the series
+
+
+def test_changing_a_filter_updates_the_url(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends")
+    at.selectbox(key="url_workload").select("05058f210a").run()
+    assert at.query_params["workload"] == "05058f210a"
+    assert len(at.dataframe[0].value) == 3
+
+
+def test_only_the_last_commits_are_drawn(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends", last="30")
+    assert len(at.dataframe[0].value) == 9  # all three commits are within the last 30
+    spec = _chart_spec(at)
+    assert len(spec["vconcat"][2]["layer"][0]["encoding"]["x"]["sort"]) == 3
