@@ -29,7 +29,7 @@ def _commits() -> dict:
 
 
 def ask_reference(config: Config) -> FormInput:
-    from kernels.workload import KV_STRATEGIES, PRESETS
+    from kernels.names import KV_STRATEGIES, PRESET_NAMES as PRESETS  # torch-free
 
     common = _common(config)
     repo = st.text_input("Repository", placeholder="this checkout (stepwatch), or a name from the config's [repos]",

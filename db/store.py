@@ -61,6 +61,7 @@ class RunRecord:
     timing_ms_p10: float | None = None
     timing_ms_p90: float | None = None
     job_id: int | None = None
+    diagnosis: list | None = None
 
 
 def _migration_files() -> list[tuple[int, str, Path]]:
@@ -187,8 +188,8 @@ class Store:
                 " device_name, peak_gbps, ranks, steps, step_method, step_ms_median, tok_per_s,"
                 " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
                 " source_path, manifest, workload_key, batch_size, timing_ms_median, timing_ms_p10,"
-                " timing_ms_p90, job_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " timing_ms_p90, job_id, diagnosis)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " RETURNING run_id",
                 [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
                  json.dumps(rec.workload) if rec.workload is not None else None,
@@ -197,7 +198,8 @@ class Store:
                  rec.kernel_us_total, rec.kernels_from_cpu_ops, rec.source_path,
                  json.dumps(rec.manifest) if rec.manifest is not None else None,
                  rec.workload_key, rec.batch_size, rec.timing_ms_median, rec.timing_ms_p10,
-                 rec.timing_ms_p90, rec.job_id],
+                 rec.timing_ms_p90, rec.job_id,
+                 json.dumps(rec.diagnosis) if rec.diagnosis is not None else None],
             ).fetchone()[0]
             steps = rec.step_table.assign(run_id=run_id)
             cats = rec.step_categories.assign(run_id=run_id)

@@ -4,6 +4,7 @@ transaction. Nothing touches the database until every file has been read success
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -143,4 +144,14 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions) -> 
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
     content_hash = hash_traces(files)
     figures = analyse_files(files, rules, steps)
-    return build_record(path, files, figures, manifest, opts, content_hash)
+    record = build_record(path, files, figures, manifest, opts, content_hash)
+    return dataclasses.replace(record, diagnosis=diagnose_record(record))
+
+
+def diagnose_record(record) -> list[dict] | None:
+    """The run's diagnosis sentences (the kernels that take most of the step)."""
+    from .regress.diagnose import diagnose_run, facts_from_record
+
+    if not record.step_ms_median or record.step_ms_median <= 0 or not len(record.kernel_stats):
+        return None
+    return [dataclasses.asdict(f) for f in diagnose_run(facts_from_record(record))]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from kernels.kv_cast import BF16, FP8, gather_cast_fp8_to_bf16
 
-KV_STRATEGIES = ("full-pool-cast", "gather-then-cast", "fused")
+from kernels.names import KV_STRATEGIES, PRESET_NAMES  # noqa: E402  (names without torch)
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,9 @@ PRESETS = {
         preset="tiny", layers=4, pool_tokens=4096, heads=4, hidden=256, intermediate=512, context=128
     ),
 }
+
+
+assert tuple(PRESETS) == PRESET_NAMES, "kernels/names.py must list the presets defined here"
 
 
 def get_config(preset: str, **overrides) -> ModelConfig:

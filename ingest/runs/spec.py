@@ -161,10 +161,10 @@ def parse_workload(body: Any, engine: str, where: str = "workload") -> Workload:
         _need(_FLAG.fullmatch(arg) is not None, f"{where}.extra_args",
               f"{arg!r}: each entry must be one --flag or --flag=value without spaces or shell characters")
     if engine == "reference":
-        from kernels.workload import KV_STRATEGIES, PRESETS
+        from kernels.names import KV_STRATEGIES, PRESET_NAMES
 
-        _need(body.get("preset") in PRESETS, f"{where}.preset",
-              f"{body.get('preset')!r} is not one of {', '.join(PRESETS)}")
+        _need(body.get("preset") in PRESET_NAMES, f"{where}.preset",
+              f"{body.get('preset')!r} is not one of {', '.join(PRESET_NAMES)}")
         _need(body.get("kv", "full-pool-cast") in KV_STRATEGIES, f"{where}.kv",
               f"{body.get('kv')!r} is not one of {', '.join(KV_STRATEGIES)}")
     if engine == "sglang":

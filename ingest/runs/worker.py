@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -153,6 +154,18 @@ def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[st
         say(f"change tracking failed: {type(e).__name__}: {e}")
 
 
+def keep_bundle(db_path: str, job_id: int, bundle: Path) -> Path:
+    """Move a job's bundle beside the database (<db>.bundles/job-N), where runs.source_path
+    will point; the temporary work directory is removed after the job."""
+    db = Path(db_path).resolve()
+    target = db.parent / f"{db.stem}.bundles" / f"job-{job_id}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.move(str(bundle), target)
+    return target
+
+
 def execute_job(db_path: str, job: dict, config: Config, rules: list[Rule],
                 echo: Callable[[str], None] | None = None,
                 worker_stop: threading.Event | None = None) -> tuple[str, int | None]:
@@ -165,6 +178,8 @@ def execute_job(db_path: str, job: dict, config: Config, rules: list[Rule],
             spec = parse_spec(json.loads(job["spec"]), config)
             reporter.line(f"job {job_id}: {spec.describe()}")
             bundle, repo, commit = run_spec(spec, config, reporter, Path(work))
+            if spec.engine != "import":  # keep it, so the run's trace stays downloadable
+                bundle = keep_bundle(db_path, job_id, bundle)
             record = prepare_import(bundle, rules, ImportOptions(
                 repo=repo, commit=commit.sha if commit else spec.ref,
                 variant=spec.variant if spec.engine != "reference" else None, job_id=job_id))
