@@ -6,6 +6,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from .changes import describe_change
 from .labels import label_commit
 
 # one colour per kernel category on every page; `idle` is the step's time with no kernel running
@@ -14,6 +15,9 @@ CATEGORY_COLOURS = {
     "communication": "#8c564b", "norm": "#e377c2", "elementwise": "#17becf", "other": "#bcbd22",
     "idle": "#c7c7c7",
 }
+REGRESSION_COLOUR, IMPROVEMENT_COLOUR = "#d62728", "#2ca02c"
+_NO_CHANGES = pd.DataFrame(columns=["metric", "direction", "variant", "first_bad_sha", "after_value", "p_value",
+                                    "commits_between", "rel_change", "before_value"])
 PICK_RUN = "pick_run"  # the trend chart's click selection: {"pick_run": [{"run_id": ...}]}
 
 
@@ -30,12 +34,30 @@ def add_commit_labels(trend: pd.DataFrame) -> pd.DataFrame:
     return trend.assign(commit_label=[label_commit(s, t, 28) for s, t in zip(trend["short_sha"], trend["subject"])])
 
 
-def trend_chart(trend: pd.DataFrame, panel_width: int = 860, panel_height: int = 170) -> alt.VConcatChart:
+def change_markers(runs: pd.DataFrame, changes: pd.DataFrame) -> pd.DataFrame:
+    """One row per confirmed change (list_series_changes' frame) whose first bad commit is on
+    the chart (`runs`: add_commit_labels' frame), with its commit label and a one-line summary."""
+    labels = runs.drop_duplicates("sha").set_index("sha")["commit_label"]
+    shown = changes[changes["first_bad_sha"].isin(labels.index)]
+    return pd.DataFrame({
+        "metric": shown["metric"], "direction": shown["direction"], "variant": shown["variant"],
+        "commit_label": shown["first_bad_sha"].map(labels), "after_value": shown["after_value"],
+        "change": [describe_change(r) for r in shown.itertuples()],
+        "p_value": shown["p_value"], "commits_between": shown["commits_between"],
+    })
+
+
+def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_width: int = 860,
+                panel_height: int = 170) -> alt.VConcatChart:
     """tok/s (with the p10..p90 step spread as error bars), copy-kernel share and step ms, one
     line per variant, on one commit axis in first-parent order. Each point is a run; a line
-    goes through the mean of a commit's runs. Clicking a tok/s point selects its run."""
+    goes through the mean of a commit's runs. Clicking a tok/s point selects its run. Each
+    confirmed change of the panel's metric (`changes`: list_series_changes' frame) is a rule at
+    its first bad commit with a diamond at its value after, red for a regression and green for
+    an improvement."""
     runs = add_commit_labels(trend)
     order = runs.drop_duplicates("commit_order").sort_values("commit_order")["commit_label"].tolist()
+    markers = change_markers(runs, changes) if changes is not None else change_markers(runs, _NO_CHANGES)
     pick = alt.selection_point(name=PICK_RUN, fields=["run_id"], on="click", clear="dblclick")
     tooltip = [alt.Tooltip("short_sha:N", title="commit"), alt.Tooltip("subject:N", title="subject"),
                alt.Tooltip("committed_at:T", title="date", format="%Y-%m-%d %H:%M"),
@@ -44,6 +66,10 @@ def trend_chart(trend: pd.DataFrame, panel_width: int = 860, panel_height: int =
                alt.Tooltip("step_ms:Q", title="step ms", format=",.3f"),
                alt.Tooltip("copy_share:Q", title="copy share", format=".1%"),
                alt.Tooltip("run_id:Q", title="run")]
+    change_tooltip = [alt.Tooltip("direction:N", title="confirmed"), alt.Tooltip("change:N", title="change"),
+                      alt.Tooltip("variant:N", title="variant"), alt.Tooltip("commit_label:N", title="first bad"),
+                      alt.Tooltip("commits_between:Q", title="unmeasured commits before"),
+                      alt.Tooltip("p_value:Q", title="p", format=".2g")]
     colour = alt.Color("variant:N", title="variant", scale=alt.Scale(scheme="tableau10"),
                        legend=alt.Legend(orient="top"))
 
@@ -61,6 +87,13 @@ def trend_chart(trend: pd.DataFrame, panel_width: int = 860, panel_height: int =
         if spread is not None:
             layers.insert(0, base.mark_rule(strokeWidth=2, opacity=0.6).encode(
                 y=alt.Y(f"{spread[0]}:Q"), y2=alt.Y2(f"{spread[1]}:Q"), tooltip=tooltip))
+        mine = markers[markers["metric"] == field]
+        if len(mine):
+            marked = alt.Chart(mine).encode(
+                x=x, color=alt.condition(alt.datum.direction == "regression", alt.value(REGRESSION_COLOUR),
+                                         alt.value(IMPROVEMENT_COLOUR)), tooltip=change_tooltip)
+            layers += [marked.mark_rule(strokeDash=[6, 3], strokeWidth=2),
+                       marked.mark_point(shape="diamond", filled=True, size=140).encode(y=alt.Y("after_value:Q"))]
         return alt.layer(*layers).properties(width=panel_width, height=panel_height)
 
     return alt.vconcat(

@@ -14,7 +14,7 @@ st.navigation([
     st.Page("screens/trends.py", title="Trends", icon=":material/show_chart:", url_path="trends", default=True),
     st.Page("screens/run.py", title="Run", icon=":material/bar_chart:", url_path="run"),
     st.Page("screens/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
-    # the Regressions page (step detection along each series) goes here
+    st.Page("screens/regressions.py", title="Regressions", icon=":material/trending_down:", url_path="regressions"),
     st.Page("screens/run_benchmark.py", title="Run a benchmark", icon=":material/play_arrow:",
             url_path="run_benchmark"),
 ]).run()

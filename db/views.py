@@ -151,7 +151,8 @@ def list_recent_runs(store: Store, limit: int = 500) -> pd.DataFrame:
 # -- one run -------------------------------------------------------------------------------
 def get_run_overview(store: Store, run_id: int | None) -> dict[str, Any] | None:
     """The run's row with its commit's facts, its series' names, its bundle's trace file names
-    (None for a plain trace) and its kernel row count; None when there is no such run (or no
+    (None for a plain trace), its diagnosis (the list of {kind, text, numbers, kernel} stored at
+    import; empty when none was) and its kernel row count; None when there is no such run (or no
     run id)."""
     if run_id is None:
         return None
@@ -164,7 +165,7 @@ def get_run_overview(store: Store, run_id: int | None) -> dict[str, Any] | None:
         f" r.step_ms_median, r.timing_ms_median, r.timing_ms_p10, r.timing_ms_p90, {_STEP_MS} AS step_ms,"
         " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
         " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
-        " (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
+        " r.diagnosis, (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
         " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
         " LEFT JOIN commits c ON c.commit_id = r.commit_id WHERE r.run_id = ?",
         [run_id],
@@ -172,6 +173,7 @@ def get_run_overview(store: Store, run_id: int | None) -> dict[str, Any] | None:
     if out is not None:
         out["workload"] = json.loads(out["workload"]) if out["workload"] else None
         out["trace_files"] = json.loads(out["trace_files"]) if out["trace_files"] else None
+        out["diagnosis"] = json.loads(out["diagnosis"]) if out["diagnosis"] else []
     return out
 
 
@@ -308,8 +310,9 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
 def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[str, Any] | None:
     """Everything the Compare page shows of two runs, in one go (with either missing, those of
     find_default_comparison): both overviews (None for a missing run), every variant at both
-    commits, run A's series, the list of series, the step-time change and the kernel diff.
-    None when the database has fewer than two runs."""
+    commits, run A's series, the list of series, the step-time change, the kernel diff, both
+    runs' kernel tables (for their diagnosis) and the changes found at run B's commit. None
+    when the database has fewer than two runs."""
     by = None
     if run_a is None or run_b is None:
         default = find_default_comparison(store)
@@ -320,7 +323,58 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
             "a": get_run_overview(store, run_a), "b": get_run_overview(store, run_b),
             "matrix": get_variant_matrix(store, run_a, run_b), "trend": get_trend_of_run(store, run_a),
             "series": list_series(store), "diff": get_category_diff(store, run_a, run_b),
-            "kernels": get_kernel_diff(store, run_a, run_b)}
+            "kernels": get_kernel_diff(store, run_a, run_b),
+            "kernels_a": get_kernel_table(store, run_a), "kernels_b": get_kernel_table(store, run_b),
+            "changes": list_changes_at_commit_of_run(store, run_b)}
+
+
+# -- confirmed changes (written by ingest.regress.track) -------------------------------------
+# one change with its series' names and both commits' facts; `series_id` names the series
+# (repo, engine, GPU, workload key, variant) by the first 10 hex digits of an md5, for URLs
+_CHANGES = (
+    "SELECT ch.change_id, p.name AS repo, coalesce(ch.engine, '') AS engine,"
+    " coalesce(ch.device_name, '') AS device, ch.workload_key,"
+    " left(md5(coalesce(ch.workload_key, '')), 10) AS workload_id, coalesce(ch.variant, '') AS variant,"
+    " left(md5(concat_ws('|', p.name, coalesce(ch.engine, ''), coalesce(ch.device_name, ''),"
+    "  coalesce(ch.workload_key, ''), coalesce(ch.variant, ''))), 10) AS series_id,"
+    " ch.metric, ch.direction, ch.before_value, ch.after_value, ch.rel_change, ch.p_value,"
+    " ch.commits_between, ch.bisect_runs, ch.diagnosis,"
+    " g.sha AS last_good_sha, b.sha AS first_bad_sha, left(b.sha, 7) AS first_bad_short_sha,"
+    " coalesce(b.subject, '') AS first_bad_subject, b.committed_at AS first_bad_date,"
+    " coalesce(b.author, '') AS first_bad_author, b.seq AS first_bad_seq,"
+    " ch.last_good_run_id, ch.first_bad_run_id, ch.detected_at"
+    " FROM changes ch JOIN repos p ON p.repo_id = ch.repo_id"
+    " JOIN commits g ON g.commit_id = ch.last_good_commit_id JOIN commits b ON b.commit_id = ch.first_bad_commit_id"
+)
+_NEWEST_FIRST = " ORDER BY b.seq DESC NULLS LAST, b.committed_at DESC NULLS LAST, ch.change_id DESC"
+
+
+def _with_diagnosis(changes: pd.DataFrame) -> pd.DataFrame:
+    """The diagnosis JSON text as a list of {kind, text, numbers, kernel} (empty when none)."""
+    changes["diagnosis"] = [json.loads(d) or [] if isinstance(d, str) and d else [] for d in changes["diagnosis"]]
+    return changes
+
+
+def list_changes(store: Store, limit: int = 1000) -> pd.DataFrame:
+    """Every confirmed change, newest first (by the first bad commit's first-parent order)."""
+    return _with_diagnosis(store.con.execute(_CHANGES + _NEWEST_FIRST + " LIMIT ?", [limit]).df())
+
+
+def list_series_changes(store: Store, repo: str, engine: str, device: str, workload_id: str) -> pd.DataFrame:
+    """The confirmed tok/s, step ms and copy-share changes of one trend series (any variant):
+    what the trend chart marks."""
+    return _with_diagnosis(store.con.execute(
+        _CHANGES + " WHERE p.name = ? AND coalesce(ch.engine, '') = ? AND coalesce(ch.device_name, '') = ?"
+        " AND left(md5(coalesce(ch.workload_key, '')), 10) = ?"
+        " AND ch.metric IN ('tok_per_s', 'step_ms', 'copy_share')" + _NEWEST_FIRST,
+        [repo, engine, device, workload_id]).df())
+
+
+def list_changes_at_commit_of_run(store: Store, run_id: int | None) -> pd.DataFrame:
+    """The confirmed changes whose first bad commit is this run's commit (in its repository)."""
+    return _with_diagnosis(store.con.execute(
+        _CHANGES + " WHERE ch.first_bad_commit_id = (SELECT commit_id FROM runs WHERE run_id = ?)" + _NEWEST_FIRST,
+        [run_id]).df())
 
 
 # -- the job queue -------------------------------------------------------------------------

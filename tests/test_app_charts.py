@@ -143,3 +143,31 @@ def test_form_takes_a_checkout_path_as_the_repo(tmp_path):
     subprocess.run([*git, "tag", "v1.2"], check=True)
     spec = plan_jobs(form, Config()).specs[0]
     assert (spec.repo, spec.repo_path, spec.ref, spec.workload.kv) == ("sglang-fork", str(checkout), "v1.2", "fused")
+
+
+def test_trend_chart_marks_the_first_bad_commit_of_each_change(dashboard_db):  # noqa: F811
+    with open_db(dashboard_db, read_only=True) as store:
+        series = ("kv-regression-demo", "reference", "NVIDIA H200", "b0e35bdd9a")
+        trend, changes = views.get_trend(store, *series), views.list_series_changes(store, *series)
+    spec = charts.trend_chart(trend, changes).to_dict()
+    tok, share, step = spec["vconcat"]
+    assert len(share["layer"]) == 2  # no copy-share change: no marker
+    for panel, value in ((tok, 13.62), (step, 73.418)):
+        rule, diamond = panel["layer"][-2:]
+        assert (rule["mark"]["type"], rule["mark"]["strokeDash"], diamond["mark"]["shape"]) == ("rule", [6, 3],
+                                                                                               "diamond")
+        assert rule["encoding"]["x"]["field"] == "commit_label" and "y" not in rule["encoding"]
+        assert rule["encoding"]["color"] == {"condition": {"test": "(datum.direction === 'regression')",
+                                                           "value": charts.REGRESSION_COLOUR},
+                                             "value": charts.IMPROVEMENT_COLOUR}
+        assert diamond["encoding"]["y"]["field"] == "after_value"
+        (row,) = _data_of(spec, rule)
+        assert row["commit_label"] == "9f8e7d6 decode: switch the KV strat…" and row["direction"] == "regression"
+        assert round(row["after_value"], 2 if panel is tok else 3) == value
+    assert _data_of(spec, tok["layer"][-1])[0]["change"] == "tok/s -89.9 % (135.44 tok/s -> 13.62 tok/s)"
+    assert [t["field"] for t in tok["layer"][-1]["encoding"]["tooltip"]] == [
+        "direction", "change", "variant", "commit_label", "commits_between", "p_value"]
+
+
+def _data_of(spec: dict, layer: dict) -> list[dict]:
+    return spec["datasets"][layer["data"]["name"]]  # Altair moves inline data to the top

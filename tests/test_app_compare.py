@@ -82,3 +82,28 @@ def test_picking_another_commit_rewrites_the_url(dashboard_db, open_page):  # no
     assert (at.query_params["a"], at.query_params["b"]) == (
         str(find_run_id(dashboard_db, "b9bba77-glm5-gather-then-cast-graph")),
         str(find_run_id(dashboard_db, "3cf1671-glm5-gather-then-cast-graph")))
+
+
+def test_a_patched_pair_at_one_commit_is_diagnosed_as_a_patch(dashboard_db, open_page):  # noqa: F811
+    a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
+    b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
+    at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
+    lines = at.markdown[2].value.splitlines()
+    assert lines[0] == ("- At commit 3bee539 the patch (fused against full-pool-cast) takes a step from 74.1 ms to "
+                        "7.72 ms (13.5 -> 130 tok/s): 9.60x as fast, so it still helps (at least 3 % needed).")
+    assert lines[1] == ("- It removes the cast kernel `unrolled_elementwise_kernel<direct_copy_kernel_cuda>`: 78 calls "
+                        "and 67.5 ms per step, from `kernels/workload.py(238): run_step`.")
+    assert any(c.value.startswith("B is A patched") for c in at.caption)
+
+
+def test_two_commits_show_the_change_diagnosis_and_the_changes_confirmed_there(dashboard_db, open_page):  # noqa: F811
+    a = find_run_id(dashboard_db, "fe3ea75-glm5-fused-graph")  # the KV regression's last good and first bad runs
+    b = find_run_id(dashboard_db, "fe3ea75-glm5-full-pool-cast-graph")
+    at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
+    assert not at.exception
+    lines = at.markdown[2].value.splitlines()
+    assert lines[0] == "- tok/s fell 90 % at commit 9f8e7d6 (135 tok/s -> 13.6 tok/s; step time 7.38 ms -> 73.4 ms)."
+    assert "went from 0 to 78 calls per step there (once per layer)" in lines[1]
+    assert at.markdown[3].value == ("Confirmed at 9f8e7d6 in kv-regression-demo (main): **tok/s -89.9 % "
+                                    "(135.44 tok/s -> 13.62 tok/s)**, p = 6.8e-08 · [all changes](regressions)")
+    assert at.markdown[4].value.startswith("Confirmed at 9f8e7d6 in kv-regression-demo (main): **step ms +894.4 %")

@@ -1,6 +1,8 @@
 """The dashboard's fixture database: a real DuckDB file built by the real migrations from the
 real bundles (app/sample_data: glm5 on the H200 at three commits; tests/data/bundles: the tiny
-preset) and one CPU-only trace without a commit, plus a job in each state. The dashboard tests
+preset) and one CPU-only trace without a commit, plus a job in each state; two more real glm5
+bundles at two commits of a test repository plant a KV-strategy regression, and the changes are
+detected and stored by the real tracker, as the worker does after each job. The dashboard tests
 import `dashboard_db` (a session fixture), `writable_db` (a copy for tests that write),
 `open_page` (an AppTest of one page) and `find_run_id` from here."""
 
@@ -16,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 from db.store import open_db
 from ingest.categories import load_rule_chain
 from ingest.importer import ImportOptions, prepare_import
+from ingest.regress.track import track_changes
 from ingest.runs.spec import parse_spec
 from tests.helpers import DATA, ROOT
 
@@ -28,9 +31,27 @@ FIXTURE_COMMITS = ("b9bba77", "3bee539", "3cf1671")
 TEST_BUNDLES = [DATA / "bundles" / f"{preset}-{kv}-{mode}{stack}" for preset, kv, mode, stack in (
     [("tiny", kv, mode, stack) for kv in ("full-pool-cast", "fused") for mode in ("eager", "graph")
      for stack in ("-nostack", "-stack")] + [("glm5", "full-pool-cast", "graph", ""), ("glm5", "fused", "graph", "")])]
+# the test repository of a planted KV-strategy regression: (bundle, first-parent seq, subject)
+KV_REPO = "kv-regression-demo"
+KV_REGRESSION = (("fe3ea75-glm5-fused-graph", 1, "decode: read the KV pool with the fused gather-cast kernel"),
+                 ("fe3ea75-glm5-full-pool-cast-graph", 4, "decode: switch the KV strategy back to full-pool-cast"))
+KV_REGRESSION_SHAS = ("1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d", "9f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c")
 CPU_TRACE = DATA / "traces" / "cpu_small.trace.json"
 JOB_BUNDLE = DATA / "bundles" / "tiny-fused-graph-nostack"  # the run a succeeded job made
 RUNNING_LOG = "progress: timing 3/20\nprogress: timing 4/20\nprogress: timing 5/20\n"
+
+
+def import_kv_regression(store, rules) -> None:
+    """A regression of the KV strategy at a commit of a test repository: the real H200 glm5
+    CUDA-graph bundles of fe3ea75 (left out of the stepwatch series above), the fused one at the
+    first commit and the full-pool-cast one at the second, both as variant `main` (the series'
+    one configuration), with two commits between them that no run measured. Real traces at two
+    commits; only the repository and its commits are made up. (The eager bundles of 3cf1671
+    cannot be used: a trace is imported once, and they are already in the stepwatch series.)"""
+    for (name, seq, subject), sha in zip(KV_REGRESSION, KV_REGRESSION_SHAS):
+        store.insert_run(prepare_import(SAMPLES / name, rules,
+                                        ImportOptions(repo=KV_REPO, commit=sha, variant="main")))
+        store.record_commit(KV_REPO, sha, f"2026-12-0{seq}T09:00:00+00:00", "Regression Tester", subject, seq)
 
 
 def _spec_json(kv: str) -> str:
@@ -46,6 +67,8 @@ def build_dashboard_db(path: Path) -> Path:
         facts = json.loads((SAMPLES / "commits.json").read_text())
         for c in (c for c in facts["commits"] if c["sha"].startswith(FIXTURE_COMMITS)):
             store.record_commit(facts["repo"], c["sha"], c["committed_at"], c["author"], c["subject"], c["seq"])
+
+        import_kv_regression(store, rules)
 
         done = store.enqueue_job(_spec_json("fused"), "reference tiny fused on local/cpu", "b1")
         store.claim_job("testhost:1")
@@ -65,6 +88,7 @@ def build_dashboard_db(path: Path) -> Path:
         store.claim_job("testhost:1")
         store.report_progress(running, steps_done=5, steps_planned=23, log_tail=RUNNING_LOG)
         store.enqueue_job(_spec_json("fused"), "reference tiny fused (waiting) on local/cpu", "b3")
+        track_changes(store)  # what the worker does after each job: detect and store the changes
     return path
 
 
@@ -104,6 +128,10 @@ def test_the_fixture_holds_every_kind_of_run_and_job(dashboard_db):
     with open_db(dashboard_db, read_only=True) as store:
         counts = store.count_rows()
         statuses = [j["status"] for j in store.list_jobs()]
-    # 12 sample bundles + 8 tiny bundles (the two glm5 test bundles are sample bundles again) + 1 CPU trace
-    assert counts["runs"] == 21 and counts["commits"] == 3
+    # 12 sample bundles + 2 of the KV regression + 8 tiny bundles (the two glm5 test bundles are sample
+    # bundles again) + 1 CPU trace; the stepwatch series have no confirmed change, the planted one has two
+    assert counts["runs"] == 23 and counts["commits"] == 5
+    with open_db(dashboard_db, read_only=True) as store:
+        changes = store.con.execute("SELECT metric, direction FROM changes ORDER BY metric").fetchall()
+    assert changes == [("step_ms", "regression"), ("tok_per_s", "regression")]
     assert statuses == ["queued", "running", "failed", "succeeded"]

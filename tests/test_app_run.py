@@ -71,3 +71,17 @@ def test_an_unknown_run_is_a_sentence(dashboard_db, open_page):  # noqa: F811
     at = open_page(dashboard_db, "run", run="999999")
     assert not at.exception
     assert at.warning[0].value == "There is no run 999999 in this database."
+
+
+def test_the_diagnosis_of_the_eager_full_pool_cast_run(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager")))
+    assert not at.exception
+    assert at.subheader[0].value == "Diagnosis"
+    lines = at.markdown[0].value.splitlines()
+    assert lines[0].startswith("- The cast kernel `unrolled_elementwise_kernel<direct_copy_kernel_cuda>` "
+                               "(aten::copy_) takes 67.7 ms per step, 90 % of the 75.1 ms step")
+    assert lines[1] == "- It runs 78 times per step: once per layer (78 layers)."
+    assert lines[2] == "- It moves 855 MB per call at 985 GB/s: 21 % of the NVIDIA H200's 4,800 GB/s peak."
+    assert lines[3].startswith("- 855 MB per call is the whole 495,000 x 576 FP8 KV pool of a layer")
+    assert lines[5].startswith("- If this kernel went away and nothing else changed, a step would take 7.36 ms "
+                               "instead of 75.1 ms: 136 tok/s instead of 13.3 (10.2x)")

@@ -9,11 +9,13 @@ import pytest
 from db.store import open_db
 from tests.test_app_fixtures import dashboard_db, open_page  # noqa: F401  (fixtures)
 
-PAGES = ["trends", "run", "compare", "run_benchmark"]
+PAGES = ["trends", "run", "compare", "regressions", "run_benchmark"]
 EMPTY_SENTENCES = {
     "trends": "No runs yet. Start one on the Run a benchmark page, or import a trace with",
     "run": "No runs yet. Start one on the Run a benchmark page, or import a trace with",
     "compare": "Comparing needs two runs; this database has fewer.",
+    "regressions": "No confirmed change yet; changes are detected when runs at two or more commits of one series "
+                   "exist.",
 }
 
 

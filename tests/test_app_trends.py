@@ -68,3 +68,20 @@ def test_only_the_last_commits_are_drawn(dashboard_db, open_page):  # noqa: F811
     assert len(at.dataframe[0].value) == 9  # all three commits are within the last 30
     spec = _chart_spec(at)
     assert len(spec["vconcat"][2]["layer"][0]["encoding"]["x"]["sort"]) == 3
+
+
+def test_a_series_with_a_confirmed_change_marks_it(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends", repo="kv-regression-demo")
+    assert not at.exception
+    assert at.markdown[0].value.startswith("**glm5 · batch 1 · context 2048 · CUDA graph** — 2 runs at 2 commits")
+    tok, share, step = _chart_spec(at)["vconcat"]
+    assert [layer["mark"]["type"] for layer in tok["layer"]][-2:] == ["rule", "point"]
+    assert [layer["mark"]["type"] for layer in step["layer"]][-2:] == ["rule", "point"]
+    assert any(c.value.startswith("Dashed rules mark the first bad commit of each confirmed change")
+               for c in at.caption)
+
+
+def test_a_series_without_a_change_has_no_marker(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends")
+    tok = _chart_spec(at)["vconcat"][0]
+    assert len(tok["layer"]) == 3 and not any(c.value.startswith("Dashed rules") for c in at.caption)

@@ -29,17 +29,17 @@ def fused_run(dashboard_db):  # noqa: F811
 
 
 def test_counts(store):
-    assert views.count_runs(store) == {"runs": 21, "runs_with_commit": 20, "jobs": 4}
+    assert views.count_runs(store) == {"runs": 23, "runs_with_commit": 22, "jobs": 4}
 
 
 def test_series_group_runs_by_workload_and_name_them_by_an_md5_prefix(store):
     series = views.list_series(store)
-    assert len(series) == 4  # glm5 graph, glm5 eager, tiny graph, tiny eager
+    assert len(series) == 5  # glm5 graph, glm5 eager, tiny graph, tiny eager; glm5 graph of the KV regression
     top = series.iloc[0]
     assert (top.repo, top.engine, top.device, top.batch_size, top.workload_id) == (
         "stepwatch", "reference", "NVIDIA H200", 1, GLM5_GRAPH)
     assert (top.runs, top.commits, list(top.variants)) == (9, 3, ["full-pool-cast", "fused", "gather-then-cast"])
-    assert sorted(series["runs"]) == [3, 4, 4, 9]
+    assert sorted(series["runs"]) == [2, 3, 4, 4, 9]
 
 
 def test_trend_is_in_first_parent_order_with_the_untimed_spread(store):
@@ -162,7 +162,7 @@ def test_comparison_holds_what_the_compare_page_shows(store, cast_run, fused_run
     both = views.get_comparison(store, cast_run, fused_run)
     assert (both["run_a"], both["run_b"], both["by"]) == (cast_run, fused_run, None)
     assert (both["a"]["variant"], both["b"]["variant"]) == ("full-pool-cast", "fused")
-    assert both["kernels"].iloc[0].change == "removed" and len(both["trend"]) == 9 and len(both["series"]) == 4
+    assert both["kernels"].iloc[0].change == "removed" and len(both["trend"]) == 9 and len(both["series"]) == 5
     assert both["matrix"]["a_run_id"].tolist() == both["matrix"]["b_run_id"].tolist()  # one commit: A = B
     default = views.get_comparison(store, None, cast_run)
     assert (default["run_a"], default["by"]) == (cast_run, "commits")
@@ -189,3 +189,32 @@ def test_jobs_newest_first_with_log_tail_and_the_runs_figures(store, dashboard_d
     assert done["tok_per_s"] == pytest.approx(5229.250448947)
     assert views.list_jobs(store, limit=1, log_tail_chars=10)[0]["log_tail"] == ""
     assert "RuntimeError: out of memory" in views.get_job(store, 2)["log"]
+
+
+def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):  # noqa: F811
+    changes = views.list_changes(store)
+    assert changes["metric"].tolist() == ["tok_per_s", "step_ms"]  # one commit: the newest change id first
+    tok = changes[changes["metric"] == "tok_per_s"].iloc[0]
+    assert (tok.repo, tok.variant, tok.direction, tok.first_bad_short_sha, tok.last_good_sha[:7]) == (
+        "kv-regression-demo", "main", "regression", "9f8e7d6", "1a2b3c4")
+    assert (round(tok.before_value, 2), round(tok.after_value, 2), round(tok.rel_change, 4)) == (135.44, 13.62, -0.8994)
+    assert (tok.commits_between, tok.bisect_runs, tok.first_bad_subject) == (
+        2, 0, "decode: switch the KV strategy back to full-pool-cast")
+    assert (tok.last_good_run_id, tok.first_bad_run_id) == tuple(
+        find_run_id(dashboard_db, name) for name in ("fe3ea75-glm5-fused-graph", "fe3ea75-glm5-full-pool-cast-graph"))
+    assert [f["kind"] for f in tok.diagnosis] == ["change", "change_kernel"]
+    assert tok.workload_id == GLM5_GRAPH and changes["series_id"].nunique() == 1
+
+    marked = views.list_series_changes(store, "kv-regression-demo", "reference", "NVIDIA H200", GLM5_GRAPH)
+    assert sorted(marked["metric"]) == ["step_ms", "tok_per_s"]
+    assert views.list_series_changes(store, "stepwatch", "reference", "NVIDIA H200", GLM5_GRAPH).empty
+    at_bad = views.list_changes_at_commit_of_run(store, int(tok.first_bad_run_id))
+    assert len(at_bad) == 2 and views.list_changes_at_commit_of_run(store, int(tok.last_good_run_id)).empty
+
+
+def test_a_runs_diagnosis_is_part_of_its_overview(store, dashboard_db):  # noqa: F811
+    run = views.get_run_overview(store, find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager"))
+    assert [f["kind"] for f in run["diagnosis"]][:3] == ["summary", "per_layer", "bandwidth"]
+    assert run["diagnosis"][1]["numbers"] == {"calls_per_step": 78.0, "layers": 78, "times_per_layer": 1}
+    assert isinstance(views.get_run_overview(store, find_run_id(dashboard_db, "cpu_small.trace.json"))["diagnosis"],
+                      list)

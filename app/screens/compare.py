@@ -5,11 +5,14 @@ the two runs (?a=&b=), so a comparison can be shared; the pickers only rewrite t
 import streamlit as st
 
 from app import charts, data
+from app.changes import describe_change
+from app.diagnosis import diagnose_pair, is_patch_pair
 from app.kpis import show_run_kpis
 from app.labels import describe_run, describe_series, format_change, label_commit
 from app.tables import filter_rows, kernel_diff_columns, link_runs, variant_matrix_columns
 from app.widgets import read_int_param
 from db import views
+from ingest.regress import RegressError
 
 st.title("Compare")
 comparison = data.load(views.get_comparison, read_int_param("a"), read_int_param("b"))
@@ -90,6 +93,18 @@ for name, run, base in (("A", a, None), ("B", b, a)):
     title = describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"], run["workload_key"])
     st.markdown(f"**{name}** · [{title}](run?run={run['run_id']})")
     show_run_kpis(run, base)
+
+st.subheader("Diagnosis")
+try:
+    st.markdown("\n".join(f"- {text}" for text in diagnose_pair(a, b, comparison["kernels_a"],
+                                                                   comparison["kernels_b"])))
+except RegressError as e:
+    st.caption(f"No diagnosis for these two runs: {e}")
+st.caption(("B is A patched: the same workload at the same commit with another variant." if is_patch_pair(a, b)
+            else "From A to B: the headline change and the kernels that explain most of it."))
+for change in comparison["changes"].itertuples():
+    st.markdown(f"Confirmed at {change.first_bad_short_sha} in {change.repo} ({change.variant or 'no variant'}): "
+                f"**{describe_change(change)}**, p = {change.p_value:.2g} · [all changes](regressions)")
 
 st.subheader("What changed in the step time")
 st.altair_chart(charts.waterfall_chart(charts.waterfall_steps(diff, f"A: run {run_a}", f"B: run {run_b}")))

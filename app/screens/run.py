@@ -39,6 +39,11 @@ if run["kernels_from_cpu_ops"]:
 elif run["kernel_rows"] == 0:
     st.info("This run recorded no kernels, so there is no breakdown to show.")
 
+if run["diagnosis"]:
+    st.subheader("Diagnosis")
+    st.markdown("\n".join(f"- {finding['text']}" for finding in run["diagnosis"]))
+    st.caption("Worked out at import from the kernels that take most of the step (on the first rank).")
+
 ranks = detail["ranks"]
 rank = int(select_in_url("Rank", [str(r) for r in ranks], "rank")) if len(ranks) > 1 else 0
 if rank != 0:

@@ -46,11 +46,16 @@ else:
     with cols[5]:
         last = select_in_url("Commits shown", ["30", "100", "300", "all"], "last", default="100",
                              format_func=lambda n: "all" if n == "all" else f"last {n}")
-    trend = data.load(views.get_trend, repo, engine, device, workload_id, None if last == "all" else int(last))
+    trend, changes = data.load_all((views.get_trend, repo, engine, device, workload_id,
+                                    None if last == "all" else int(last)),
+                                   (views.list_series_changes, repo, engine, device, workload_id))
     commits = trend["commit_order"].nunique()
     st.markdown(f"**{describe_workload(keys[workload_id])}** — {len(trend)} runs at {commits} "
                 f"commit{'s' if commits != 1 else ''}, variants: {', '.join(sorted(trend['variant'].unique()))}")
-    event = st.altair_chart(charts.trend_chart(trend), on_select="rerun", key="trend_chart")
+    event = st.altair_chart(charts.trend_chart(trend, changes), on_select="rerun", key="trend_chart")
+    if not changes.empty:
+        st.caption("Dashed rules mark the first bad commit of each confirmed change of this series (red: "
+                   "regression, green: improvement); the Regressions page lists them with their diagnosis.")
     picked = (event.selection.get(charts.PICK_RUN) or []) if event else []
     if picked and "run_id" in picked[0]:
         st.switch_page("screens/run.py", query_params={"run": str(picked[0]["run_id"])})

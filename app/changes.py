@@ -1,0 +1,87 @@
+"""Confirmed changes as the dashboard shows them (db.views.list_changes' frame): a metric key as
+words, before -> after in the metric's unit, the change in percent, the commits between, and the
+page's filters. Pure functions, no Streamlit."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+# kernel names are shortened as the diagnosis sentences shorten them (a pure function of a string)
+from ingest.regress.diagnose import shorten_kernel_name
+
+from .labels import format_percent
+
+KINDS = {"speed": "speed (tok/s, step ms)", "structure": "structure (kernel calls per step)", "all": "all metrics"}
+DIRECTIONS = {"all": "regressions and improvements", "regression": "regressions", "improvement": "improvements"}
+_PLAIN = {"tok_per_s": "tok/s", "step_ms": "step ms", "copy_share": "copy-kernel share"}
+_KERNEL_FIELDS = {"ms_per_step": "ms per step", "calls_per_step": "calls per step"}
+
+
+def describe_metric(metric: str) -> str:
+    """'tok_per_s' -> 'tok/s'; 'category:cast' -> 'cast ms per step';
+    'kernel:calls_per_step:<name>\\x1f<launcher>\\x1f<source>' ->
+    'calls per step of unrolled_elementwise_kernel<direct_copy_kernel_cuda> (kernels/workload.py(194): _fetch_kv)'."""
+    if metric in _PLAIN:
+        return _PLAIN[metric]
+    if metric.startswith("category:"):
+        return f"{metric.removeprefix('category:')} ms per step"
+    if metric.startswith("kernel:"):
+        field, _, key = metric.removeprefix("kernel:").partition(":")
+        name, _, rest = key.partition("\x1f")
+        launcher, _, source = rest.partition("\x1f")
+        where = source or launcher
+        return f"{_KERNEL_FIELDS.get(field, field)} of {shorten_kernel_name(name)}" + (f" ({where})" if where else "")
+    return metric
+
+
+def kind_of_metric(metric: str) -> str:
+    """'speed' (tok/s, step ms), 'structure' (a kernel's calls per step) or 'other'."""
+    if metric in ("tok_per_s", "step_ms"):
+        return "speed"
+    return "structure" if metric.startswith("kernel:calls_per_step:") else "other"
+
+
+def format_metric_value(metric: str, value: float) -> str:
+    if metric == "tok_per_s":
+        return f"{value:,.2f} tok/s"
+    if metric == "copy_share":
+        return format_percent(value)
+    if metric.startswith("kernel:calls_per_step:"):
+        return f"{value:,.1f} calls/step"
+    return f"{value:,.3f} ms"  # step ms, a category's or a kernel's ms per step
+
+
+def format_rel_change(rel_change: float) -> str:
+    """'-89.9 %'; a kernel that appears (from 0) is 'new'."""
+    return "new (0 before)" if math.isinf(rel_change) else f"{rel_change * 100:+.1f} %"
+
+
+def describe_between(commits_between: int, bisect_runs: int) -> str:
+    """The unmeasured commits between the last good and the first bad commit, and the bisect."""
+    if commits_between == 0 and bisect_runs == 0:
+        return "No unmeasured commit between the last good and the first bad commit."
+    text = (f"{commits_between} unmeasured commit{'s' if commits_between != 1 else ''} between the last good "
+            f"and the first bad commit")
+    return text + f"; bisecting: {bisect_runs} run{'s' if bisect_runs != 1 else ''} so far."
+
+
+def filter_changes(changes: pd.DataFrame, repo: str, series_id: str, direction: str, kind: str) -> pd.DataFrame:
+    """The changes the page's filters keep ('all' keeps everything for that filter)."""
+    keep = pd.Series(True, index=changes.index)
+    if repo != "all":
+        keep &= changes["repo"] == repo
+    if series_id != "all":
+        keep &= changes["series_id"] == series_id
+    if direction != "all":
+        keep &= changes["direction"] == direction
+    if kind != "all":
+        keep &= changes["metric"].map(kind_of_metric) == kind
+    return changes[keep]
+
+
+def describe_change(row) -> str:
+    """'tok/s -89.9 % (135.44 tok/s -> 13.62 tok/s)': a change in one line (a list_changes row)."""
+    before, after = (format_metric_value(row.metric, v) for v in (row.before_value, row.after_value))
+    return f"{describe_metric(row.metric)} {format_rel_change(row.rel_change)} ({before} -> {after})"

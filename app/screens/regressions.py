@@ -1,0 +1,57 @@
+"""Regressions: the confirmed changes of every series (found by `ingest.regress.track` after each
+job), newest first by first bad commit, each with its commit, its size, the commits still to
+bisect, a link to its comparison and its diagnosis. The filters live in the URL."""
+
+import pandas as pd
+import streamlit as st
+
+from app import data
+from app.changes import (DIRECTIONS, KINDS, describe_between, describe_metric, filter_changes,
+                         format_metric_value, format_rel_change)
+from app.labels import describe_series
+from app.widgets import select_in_url
+from db import views
+
+st.title("Regressions")
+st.caption("Changes along a series' commits that a rank test on the per-step samples confirmed, with a minimum "
+           "effect size, so that machine noise does not count.")
+changes = data.load(views.list_changes)
+if changes.empty:
+    st.info("No confirmed change yet; changes are detected when runs at two or more commits of one series exist.")
+    st.stop()
+
+series_names = {r.series_id: f"{describe_series(r.repo, r.engine, r.device, r.workload_key)} · {r.variant or '—'}"
+                for r in changes.drop_duplicates("series_id").itertuples()}
+cols = st.columns([1, 3, 1.4, 1.6])
+with cols[0]:
+    repo = select_in_url("Repository", ["all", *changes["repo"].unique()], "repo")
+with cols[1]:
+    in_repo = changes if repo == "all" else changes[changes["repo"] == repo]
+    series_id = select_in_url("Series", ["all", *in_repo["series_id"].unique()], "series",
+                              format_func=lambda s: "all" if s == "all" else series_names[s])
+with cols[2]:
+    direction = select_in_url("Direction", list(DIRECTIONS), "direction", format_func=DIRECTIONS.get)
+with cols[3]:
+    kind = select_in_url("Metric", list(KINDS), "kind", format_func=KINDS.get)
+
+shown = filter_changes(changes, repo, series_id, direction, kind)
+st.caption(f"{len(shown)} of {len(changes)} confirmed changes, newest first (by first bad commit).")
+for change in shown.itertuples():
+    with st.container(border=True):
+        mark = ":red[regression]" if change.direction == "regression" else ":green[improvement]"
+        st.markdown(f"**{describe_metric(change.metric)}** {mark} · "
+                    f"{format_metric_value(change.metric, change.before_value)} -> "
+                    f"{format_metric_value(change.metric, change.after_value)} "
+                    f"(**{format_rel_change(change.rel_change)}**, p = {change.p_value:.2g})")
+        date = f"{change.first_bad_date:%Y-%m-%d %H:%M}" if pd.notna(change.first_bad_date) else "no date"
+        st.markdown(f"First bad commit `{change.first_bad_short_sha}` {change.first_bad_subject} · {date} · "
+                    f"{change.first_bad_author or 'unknown author'} (last good `{change.last_good_sha[:7]}`)")
+        st.caption(f"{series_names[change.series_id]} · "
+                   f"{describe_between(change.commits_between, change.bisect_runs)}")
+        st.page_link("screens/compare.py", label="Compare the last good and the first bad run",
+                     icon=":material/compare_arrows:",
+                     query_params={"a": str(change.last_good_run_id), "b": str(change.first_bad_run_id),
+                                   "by": "runs"})
+        if change.diagnosis:
+            with st.expander("Diagnosis"):
+                st.markdown("\n".join(f"- {finding['text']}" for finding in change.diagnosis))

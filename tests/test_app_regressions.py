@@ -1,0 +1,73 @@
+"""The Regressions page (AppTest) on the fixture database: the KV-strategy regression planted in
+its test repository (real H200 glm5 CUDA-graph bundles, fused at one commit and full-pool-cast
+two unmeasured commits later) as the real tracker stored it: its size, its first bad commit, the
+commits still to bisect, the link to its comparison and its diagnosis. Filters live in the URL."""
+
+from tests.test_app_fixtures import (KV_REGRESSION_SHAS, KV_REPO, dashboard_db, find_run_id,  # noqa: F401
+                                     open_page, writable_db)
+from db.store import open_db
+
+GOOD, BAD = (sha[:7] for sha in KV_REGRESSION_SHAS)
+
+
+def _cards(at) -> list[str]:
+    return [m.value for m in at.markdown]
+
+
+def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "regressions")
+    assert not at.exception
+    assert at.caption[1].value == "2 of 2 confirmed changes, newest first (by first bad commit)."
+    # the tok/s change: medians of the per-step samples on both sides, and the rank test's p
+    assert at.markdown[0].value == ("**tok/s** :red[regression] · 135.44 tok/s -> 13.62 tok/s "
+                                    "(**-89.9 %**, p = 6.8e-08)")
+    assert at.markdown[1].value == (f"First bad commit `{BAD}` decode: switch the KV strategy back to "
+                                    f"full-pool-cast · 2026-12-04 09:00 · Regression Tester (last good `{GOOD}`)")
+    assert at.caption[2].value == (f"glm5 · batch 1 · context 2048 · CUDA graph — reference on NVIDIA H200 "
+                                   f"({KV_REPO}) · main · 2 unmeasured commits between the last good and the "
+                                   "first bad commit; bisecting: 0 runs so far.")
+    assert at.markdown[3].value.startswith("**step ms** :red[regression] · 7.383 ms -> 73.418 ms (**+894.4 %**")
+
+    link = at.get("page_link")[0]
+    a, b = find_run_id(dashboard_db, "fe3ea75-glm5-fused-graph"), find_run_id(dashboard_db,
+                                                                               "fe3ea75-glm5-full-pool-cast-graph")
+    assert (link.proto.label, link.proto.page) == ("Compare the last good and the first bad run", "compare")
+    assert link.proto.query_string == f"a={a}&b={b}&by=runs"
+
+    assert [e.label for e in at.expander] == ["Diagnosis", "Diagnosis"]
+    diagnosis = at.markdown[2].value.splitlines()
+    assert diagnosis[0] == f"- tok/s fell 90 % at commit {BAD} (135 tok/s -> 13.6 tok/s; step time 7.38 ms -> 73.4 ms)."
+    assert diagnosis[1].startswith("- The cast kernel `unrolled_elementwise_kernel<direct_copy_kernel_cuda>` went "
+                                   "from 0 to 78 calls per step there (once per layer): +67.9 ms per step")
+    assert diagnosis[1].endswith("from `kernels/workload.py(238): run_step`.")
+
+
+def test_filters_come_from_the_url(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "regressions", direction="improvement")
+    assert not at.exception and at.caption[1].value.startswith("0 of 2 confirmed changes")
+    at = open_page(dashboard_db, "regressions", kind="structure")  # no kernel's calls per step was confirmed
+    assert at.caption[1].value.startswith("0 of 2")
+    at = open_page(dashboard_db, "regressions", repo=KV_REPO, direction="regression", kind="speed")
+    assert at.caption[1].value.startswith("2 of 2")
+    assert {s.label: s.value for s in at.selectbox} == {"Repository": KV_REPO, "Series": "all",
+                                                       "Direction": "regression", "Metric": "speed"}
+
+
+def test_picking_a_filter_rewrites_the_url(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "regressions")
+    series = at.selectbox(key="url_series").options[1]
+    assert series.startswith("glm5 · batch 1 · context 2048 · CUDA graph") and series.endswith("· main")
+    at.selectbox(key="url_direction").select("improvement").run()
+    assert at.query_params["direction"] == "improvement" and at.caption[1].value.startswith("0 of 2")
+
+
+def test_newest_first_commit_first(writable_db, open_page):  # noqa: F811
+    with open_db(writable_db) as store:  # the same change, as if found at an older commit of the repo
+        store.con.execute("INSERT INTO changes SELECT * REPLACE (nextval('change_id_seq') AS change_id,"
+                          " last_good_commit_id AS first_bad_commit_id)"
+                          " FROM changes WHERE metric = 'tok_per_s'")
+    at = open_page(writable_db, "regressions")
+    assert not at.exception
+    heads = [v for v in _cards(at) if v.startswith("**")]
+    assert [h.split("**")[1] for h in heads] == ["tok/s", "step ms", "tok/s"]
+    assert at.markdown[-2].value.startswith(f"First bad commit `{GOOD}` decode: read the KV pool")
