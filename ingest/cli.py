@@ -283,8 +283,12 @@ def run_samples(args) -> int:
         if store.count_rows()["runs"]:
             print("the database already has runs: samples not loaded", file=sys.stderr)
             return 0
+    from .regress.track import track_changes
+
     n = load_samples(args.db, load_rule_chain())
-    print(f"loaded {n} sample runs into {args.db}", file=sys.stderr)
+    with open_db(args.db) as store:
+        changes = track_changes(store)
+    print(f"loaded {n} sample runs into {args.db}; {len(changes)} confirmed changes", file=sys.stderr)
     return 0
 
 
@@ -352,6 +356,12 @@ def run_import(args) -> int:
         run_id, created = store.insert_run(record)
         if facts is not None:
             store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
+        if created and record.commit:
+            from .regress.track import series_of_run, track_changes
+
+            series = series_of_run(store, run_id)
+            if series is not None:
+                track_changes(store, only=[series])
     print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "
           f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
     print(run_id)
