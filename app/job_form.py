@@ -9,14 +9,11 @@ here and nothing is queued; a range is checked by listing it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ingest.runs.errors import SpecError
+from ingest.runs.repos import ROOT, locate_repo
 from ingest.runs.spec import Config, RunSpec, parse_spec
-
-ROOT = Path(__file__).resolve().parent.parent  # this checkout: the reference engine's own repo
 
 
 @dataclass(frozen=True)
@@ -48,14 +45,9 @@ def _clean_workload(values: dict) -> dict:
 
 def find_repo_location(form: FormInput, config: Config) -> tuple[str | None, str | None]:
     """(repo name, checkout path on the host) that refs are looked up in; path None if unknown."""
-    if form.repo in config.repos:
-        return form.repo, config.repos[form.repo].path
-    if form.engine == "reference" and form.repo in ("", "stepwatch") and config.host(form.host).ssh is None:
-        return "stepwatch", str(ROOT)
-    if form.repo and os.path.isdir(form.repo) and config.host(form.host).ssh is None:
-        path = os.path.abspath(form.repo)
-        return os.path.basename(path.rstrip("/")), path
-    return form.repo or None, None
+    if form.engine != "reference" and not form.repo:
+        return None, None  # only the reference workload defaults to this checkout
+    return locate_repo(form.repo, config, form.host)
 
 
 def _expand_range(form: FormInput, config: Config) -> tuple[list, str | None, str | None]:

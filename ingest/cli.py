@@ -17,6 +17,7 @@ from .progress import Progress
 from .report import build_report, format_report
 from .runs.errors import RunError, SpecError
 from .runs.git import list_first_parent
+from .runs.repos import ROOT as REPO_ROOT, locate_repo
 from .runs.spec import DEVICES, ENGINES, load_config, parse_spec
 from .runs.worker import check_runnable, execute_job, make_host_for, run_worker, worker_name
 
@@ -229,13 +230,9 @@ def run_worker_cmd(args) -> int:
 def run_backfill(args) -> int:
     config = load_config(args.config)
     host = make_host_for(config, args.host or "local")
-    if args.repo in config.repos:
-        repo_name, repo_path = args.repo, config.repos[args.repo].path
-    else:
-        path = os.path.abspath(args.repo)
-        if not os.path.isdir(path):
-            raise SpecError(f"--repo {args.repo}: not in the config's [repos] and not a directory")
-        repo_name, repo_path = os.path.basename(path.rstrip("/")), path
+    repo_name, repo_path = locate_repo(args.repo, config, args.host or "local")
+    if repo_path is None:
+        raise SpecError(f"--repo {args.repo}: not in the config's [repos] and not a checkout on this machine")
     commits = list_first_parent(host, repo_path, args.range_spec, args.every)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     base = _spec_body(args)
@@ -294,13 +291,12 @@ def run_samples(args) -> int:
 
 def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
     """The commit's date, author, subject and order, when a checkout here holds it."""
-    from .runs.engines.reference import ROOT
     from .runs.git import describe_commit
     from .runs.hosts import LocalHost
 
     if commit is None:
         return None
-    path = repo_path or (str(ROOT) if repo == "stepwatch" and (ROOT / ".git").exists() else None)
+    path = repo_path or (str(REPO_ROOT) if repo == "stepwatch" and (REPO_ROOT / ".git").exists() else None)
     if path is None:
         return None
     try:
@@ -314,25 +310,19 @@ def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
 def run_check(args) -> int:
     from .regress.report import format_markdown
     from .regress.track import analyse_series
-    from .runs.engines.reference import ROOT
     from .runs.git import resolve_ref
     from .runs.hosts import LocalHost
 
     from db.series import list_series
 
     config = load_config(args.config)
-    if args.repo_path:
-        name, path = args.repo, os.path.abspath(args.repo_path)
-    elif args.repo in config.repos:
-        name, path = args.repo, config.repos[args.repo].path
-    elif args.repo == "stepwatch":
-        name, path = "stepwatch", str(ROOT)
-    else:
-        name, path = os.path.basename(os.path.abspath(args.repo).rstrip("/")), os.path.abspath(args.repo)
+    name, path = locate_repo(args.repo, config, repo_path=args.repo_path)
+    if path is None:
+        raise SpecError(f"--repo {args.repo}: not in the config's [repos] and not a checkout on this machine")
     if ".." not in args.range_spec:
         raise SpecError(f"--range {args.range_spec!r}: expected A..B")
     start, _, end = args.range_spec.partition("..")
-    host = make_host_for(config, "local") if args.repo not in config.repos else LocalHost()
+    host = LocalHost()
     lo, hi = resolve_ref(host, path, start), resolve_ref(host, path, end)
     rows = []
     with open_db(args.db, read_only=True) as store:

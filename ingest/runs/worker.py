@@ -26,10 +26,11 @@ from db.store import StoreError, open_db
 from ..categories import Rule
 from ..errors import IngestError
 from ..importer import ImportOptions, prepare_import
-from .engines.reference import ROOT, run_reference
+from .engines.reference import run_reference
 from .errors import CommandCancelled, CommandTimeout, HostError, RunError, SpecError
 from .git import CommitInfo, describe_commit, resolve_ref
 from .hosts import Host, LocalHost, make_host
+from .repos import ROOT
 from .spec import Config, RunSpec, parse_spec
 
 HEARTBEAT_S = 2.0

@@ -13,9 +13,9 @@ from typing import Callable
 
 from ..git import add_worktree, remove_worktree
 from ..hosts import Host, LocalHost
+from ..repos import ROOT
 from ..spec import Config, RunSpec
 
-ROOT = Path(__file__).resolve().parents[3]
 _PROGRESS = re.compile(r"^progress: (timing|profile) (\d+)/(\d+)")
 TIMING_STEPS = 20
 WARMUP_STEPS = 5
