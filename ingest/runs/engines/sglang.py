@@ -39,8 +39,8 @@ from ..git import add_worktree, remove_worktree
 from ..hosts import Host
 from ..spec import Config, RunSpec, Workload
 from .sglang_server import (LAUNCH_SERVER_FILE, RUN_NAME, SERVER_DRIVER_SCRIPT,  # noqa: F401
-                            SERVER_TIMING_METHOD, build_driver_config, build_profile_request,
-                            build_server_argv, check_server_workload)
+                            SERVER_TIMING_METHOD, build_driver_config, build_engine_flags,
+                            build_profile_request, build_server_argv, check_server_workload)
 
 CURRENT_MODULE = "sglang.benchmark.one_batch"
 OLD_MODULE = "sglang.bench_one_batch"
@@ -150,12 +150,7 @@ def build_one_batch_argv(python: str, module: str, workload: Workload, *, result
                      str(plan_profile_start_step(workload.output_len, workload.profile_steps))]
     if flags.prefix:
         argv += [flags.prefix, profile_prefix]
-    if workload.load_format:
-        argv += ["--load-format", workload.load_format]
-    if workload.kv_cache_dtype:
-        argv += ["--kv-cache-dtype", workload.kv_cache_dtype]
-    if workload.attention_backend:
-        argv += ["--attention-backend", workload.attention_backend]
+    argv += build_engine_flags(workload)
     if workload.tp != 1:
         argv += ["--tp-size", str(workload.tp)]
     return argv + list(workload.extra_args)

@@ -15,19 +15,25 @@ LAUNCH_SERVER_FILE = "python/sglang/launch_server.py"
 SERVER_TIMING_METHOD = "sglang-server-stream"
 
 
-def build_server_argv(python: str, workload: Workload) -> list[str]:
-    """`python -m sglang.launch_server ...` without --host/--port (the driver picks a free port)."""
-    if workload.model_path is None:
-        raise RunError("workload.model_path: the sglang engine needs a model path")
-    argv = [python, "-m", "sglang.launch_server", "--model-path", workload.model_path,
-            "--tp-size", str(workload.tp)]
+def build_engine_flags(workload: Workload) -> list[str]:
+    """The server arguments both benchmark paths pass on: weights format, KV dtype, attention."""
+    argv: list[str] = []
     if workload.load_format:
         argv += ["--load-format", workload.load_format]
     if workload.kv_cache_dtype:
         argv += ["--kv-cache-dtype", workload.kv_cache_dtype]
     if workload.attention_backend:
         argv += ["--attention-backend", workload.attention_backend]
-    return argv + list(workload.extra_args)
+    return argv
+
+
+def build_server_argv(python: str, workload: Workload) -> list[str]:
+    """`python -m sglang.launch_server ...` without --host/--port (the driver picks a free port)."""
+    if workload.model_path is None:
+        raise RunError("workload.model_path: the sglang engine needs a model path")
+    argv = [python, "-m", "sglang.launch_server", "--model-path", workload.model_path,
+            "--tp-size", str(workload.tp)]
+    return argv + build_engine_flags(workload) + list(workload.extra_args)
 
 
 def build_profile_request(output_dir: str, profile_steps: int, profile_prefix: str, profile_id: str) -> dict:
