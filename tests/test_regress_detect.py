@@ -53,7 +53,9 @@ PLANTED = [
     ("2 samples per point", 20, 2, 0.01, [(9, 0.08)], False, [(9, "regression")]),
     ("3 samples per point, 5 % noise, 20 % step", 20, 3, 0.05, [(11, 0.20)], False, [(11, "regression")]),
     ("one sample per point", 30, 1, 0.01, [(15, 0.10)], False, [(15, "regression")]),
-    ("two points, many samples", 2, 20, 0.01, [(1, 0.10)], False, [(1, "regression")]),
+    ("two points, many samples", 2, 20, 0.01, [(1, 0.15)], False, [(1, "regression")]),
+    # two runs alone cannot tell a 5 % change from occasion-to-occasion drift: not confirmed
+    ("two points, a 5 % step", 2, 20, 0.01, [(1, 0.05)], False, []),
 ]
 
 

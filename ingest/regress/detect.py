@@ -44,6 +44,7 @@ _MAD_TO_SIGMA = 1.4826  # sigma of normal data per median absolute deviation
 _MEDIAN_SE = 1.2533  # standard error of a sample median, in units of sigma / sqrt(k)
 _SCALE_FLOOR = 1e-6  # noise floor: relative (log values), or this fraction of the largest |median|
 _MIN_VARIANCE_RATIO = 9.0  # runs vary more than their samples say: variance ratio above this and F's 1 % point
+TWO_POINT_MIN_REL_CHANGE = 0.10  # the smallest change confirmed from two points alone
 _MAX_T_FACTOR = 2.0  # the t quantile is capped at this many times noise_multiple (few points)
 _KEEP_DIFFS = 0.8  # share of successive differences (the smallest) that estimate run-to-run noise
 
@@ -266,6 +267,10 @@ def detect_changes(points: Sequence[Point], *, higher_is_better: bool, alpha: fl
     kept, sets = _as_arrays(points)
     if len(kept) < 2:
         return []
+    if len(kept) == 2:
+        # two runs say nothing about how much runs differ from one occasion to the next (a
+        # machine's load, clocks, another host): ask for a change no such drift makes
+        min_rel_change = max(min_rel_change, TWO_POINT_MIN_REL_CHANGE)
     log_scale = all(bool(np.all(s > 0)) for s in sets)
     if log_scale:
         sets = [np.log(s) for s in sets]
