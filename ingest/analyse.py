@@ -267,27 +267,51 @@ def _busy_us(start: np.ndarray, end: np.ndarray) -> float:
     return float(np.sum(np.clip(e - np.maximum(s, prev), 0, None) * (e > prev)))
 
 
+def _encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, distinct values in order of first appearance) of an object array."""
+    table: dict = {}
+    for v in dict.fromkeys(values):
+        table[v] = len(table)
+    return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), np.array(list(table), dtype=object)
+
+
+def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], launcher_code: np.ndarray,
+                       launchers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(category code of each kernel, category names): the rules run once per distinct
+    (name, launcher, activity, dtypes differ), not once per kernel."""
+    name_id = trace.name_id[kernels.event].astype(np.int64)
+    kind = trace.kind[kernels.event].astype(np.int64)
+    key = np.stack([name_id, launcher_code, kind, kernels.dtypes_differ.astype(np.int64)], axis=1)
+    combos, inverse = np.unique(key, axis=0, return_inverse=True)
+    names_of = [categorise(rules, trace.names[n], launchers[l], ACTIVITY[k], bool(m)) for n, l, k, m in combos]
+    cat_codes, categories = _encode(np.array(names_of, dtype=object))
+    return cat_codes[inverse.reshape(-1)], categories
+
+
 def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]) -> RankFigures:
-    names = np.asarray(trace.names, dtype=object)
-    kname = names[trace.name_id[kernels.event]]
-    activity = np.array([ACTIVITY[k] for k in trace.kind[kernels.event]], dtype=object)
-    combos = pd.DataFrame({"name": kname, "launcher": kernels.launcher, "activity": activity,
-                           "mixed": kernels.dtypes_differ})
-    uniq = combos.drop_duplicates()
-    cat_of = {tuple(r): categorise(rules, *r) for r in uniq.itertuples(index=False, name=None)}
-    category = np.array([cat_of[t] for t in combos.itertuples(index=False, name=None)], dtype=object)
+    launcher_code, launchers = _encode(kernels.launcher)
+    source_code, sources = _encode(kernels.source)
+    cat_code, categories = categorise_kernels(trace, kernels, rules, launcher_code, launchers)
+    name_id = trace.name_id[kernels.event].astype(np.int64)
+    category = categories[cat_code]
 
     n_steps = len(steps.wall_us)
     dur = kernels.dur_us
     total_us = float(dur.sum())
-    frame = pd.DataFrame({"name": kname, "category": category, "launcher": kernels.launcher,
-                          "source": kernels.source, "dur_us": dur, "bytes": kernels.bytes_per_call})
-    g = frame.groupby(["name", "category", "launcher", "source"], sort=False, dropna=False)
+    # group on integer codes; the strings are put back on the few groups afterwards
+    frame = pd.DataFrame({"name": name_id, "category": cat_code, "launcher": launcher_code,
+                          "source": source_code, "dur_us": dur, "bytes": kernels.bytes_per_call})
+    g = frame.groupby(["name", "category", "launcher", "source"], sort=False)
     stats = g["dur_us"].agg(calls="count", total_us="sum", mean_us="mean", median_us="median",
                             min_us="min", max_us="max")
     stats["p90_us"] = g["dur_us"].quantile(0.9)
     known = g["bytes"].agg(bytes_known="count", bytes_per_call="median")
     stats = stats.join(known).reset_index()
+    names = np.asarray(trace.names, dtype=object)
+    stats["name"] = names[stats["name"].to_numpy()]
+    stats["category"] = categories[stats["category"].to_numpy()]
+    stats["launcher"] = launchers[stats["launcher"].to_numpy()]
+    stats["source"] = sources[stats["source"].to_numpy()]
     # bytes only when every call of the group had them (else the figure would mislead)
     stats.loc[stats["bytes_known"] < stats["calls"], "bytes_per_call"] = math.nan
     stats = stats.drop(columns="bytes_known")
@@ -314,9 +338,11 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         busy[s] = math.nan if kernels.from_cpu_ops else _busy_us(kernels.ts_us[sel], kernels.ts_us[sel] + dur[sel])
     step_table = pd.DataFrame({"step": np.arange(n_steps), "wall_us": steps.wall_us,
                                "gpu_busy_us": busy, "kernel_us": kern_us})
-    step_cats = (pd.DataFrame({"step": steps.kernel_step[in_step], "category": category[in_step],
+    step_cats = (pd.DataFrame({"step": steps.kernel_step[in_step], "category": cat_code[in_step],
                                "dur_us": dur[in_step]})
                  .groupby(["step", "category"], as_index=False)["dur_us"].sum())
+    step_cats["category"] = categories[step_cats["category"].to_numpy()]
+    step_cats = step_cats.sort_values(["step", "category"], kind="stable").reset_index(drop=True)
 
     copy_us = float(dur[np.isin(category, COPY_CATEGORIES)].sum())
     wall_total = float(steps.wall_us.sum())
