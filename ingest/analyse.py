@@ -275,11 +275,10 @@ def _encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter(map(table.__getitem__, values), np.int64, len(values)), np.array(list(table), dtype=object)
 
 
-def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], launcher_code: np.ndarray,
-                       launchers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], name_id: np.ndarray,
+                       launcher_code: np.ndarray, launchers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(category code of each kernel, category names): the rules run once per distinct
     (name, launcher, activity, dtypes differ), not once per kernel."""
-    name_id = trace.name_id[kernels.event].astype(np.int64)
     kind = trace.kind[kernels.event].astype(np.int64)
     key = np.stack([name_id, launcher_code, kind, kernels.dtypes_differ.astype(np.int64)], axis=1)
     combos, inverse = np.unique(key, axis=0, return_inverse=True)
@@ -289,10 +288,10 @@ def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], lau
 
 
 def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]) -> RankFigures:
+    name_id = trace.name_id[kernels.event].astype(np.int64)
     launcher_code, launchers = _encode(kernels.launcher)
     source_code, sources = _encode(kernels.source)
-    cat_code, categories = categorise_kernels(trace, kernels, rules, launcher_code, launchers)
-    name_id = trace.name_id[kernels.event].astype(np.int64)
+    cat_code, categories = categorise_kernels(trace, kernels, rules, name_id, launcher_code, launchers)
     category = categories[cat_code]
 
     n_steps = len(steps.wall_us)

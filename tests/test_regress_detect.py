@@ -12,21 +12,14 @@ import pytest
 
 from helpers import ROOT
 from ingest.regress import RegressError
-from ingest.regress.detect import (Point, detect_changes, measure_detection_rate, measure_false_positive_rate,
-                                   run_study)
+from ingest.regress.detect import (Point, detect_changes, make_series, measure_detection_rate,
+                                   measure_false_positive_rate, run_study)
 
 
 def make_points(seed: int, length: int, samples: int, noise: float, steps=(), base: float = 100.0,
                 run_noise: float = 0.0) -> list[Point]:
-    """`base` times (1 + rel) from each step's first point on; relative normal noise per sample
-    and, when asked, per run."""
-    rng = np.random.default_rng(seed)
-    level = np.full(length, base)
-    for first, rel in steps:
-        level[first:] *= 1 + rel
-    offsets = 1 + run_noise * rng.standard_normal(length)
-    return [Point(f"c{i:02d}", level[i] * offsets[i] * (1 + noise * rng.standard_normal(samples)))
-            for i in range(length)]
+    """detect.make_series with its own seeded generator."""
+    return make_series(np.random.default_rng(seed), length, samples, noise, run_noise, steps, base)
 
 
 def found(points, higher_is_better=False, **kw):

@@ -328,7 +328,7 @@ def make_series(rng: np.random.Generator, length: int, samples: int, noise: floa
     for first, rel in steps:
         level[first:] *= 1 + rel
     offsets = 1 + run_noise * rng.standard_normal(length)
-    return [Point(f"c{i}", level[i] * offsets[i] * (1 + noise * rng.standard_normal(samples)))
+    return [Point(f"c{i:02d}", level[i] * offsets[i] * (1 + noise * rng.standard_normal(samples)))
             for i in range(length)]
 
 
