@@ -204,16 +204,12 @@ def run_run(args) -> int:
 
 def _with_progress(bar: Progress, echo):
     """An echo for the job's output lines that also drives the progress bar."""
-    from .runs.engines.reference import _PROGRESS
+    from .runs.engines.reference import ProgressParser
 
-    state = {"timing": (0, 0), "profile": (0, 0)}
+    parser = ProgressParser(0, lambda done, planned: bar.update(done, planned))
 
     def each(line: str) -> None:
-        m = _PROGRESS.match(line)
-        if m:
-            state[m.group(1)] = (int(m.group(2)), int(m.group(3)))
-            bar.update(sum(d for d, _ in state.values()), sum(p for _, p in state.values()), m.group(1))
-        elif echo:
+        if not parser.feed(line) and echo:
             echo(line)
 
     return each

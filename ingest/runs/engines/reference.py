@@ -43,12 +43,14 @@ class ProgressParser:
         self.planned = {"timing": TIMING_STEPS, "profile": profile_steps}
         self.on_progress = on_progress
 
-    def feed(self, line: str) -> None:
+    def feed(self, line: str) -> bool:
+        """Take one output line; True when it was a progress line."""
         m = _PROGRESS.match(line)
         if m and self.on_progress:
             self.done[m.group(1)] = int(m.group(2))
             self.planned[m.group(1)] = int(m.group(3))
             self.on_progress(sum(self.done.values()), sum(self.planned.values()))
+        return m is not None
 
 
 def run_reference(spec: RunSpec, config: Config, host: Host, *, work_dir_local: Path, sha: str | None = None,
