@@ -193,8 +193,10 @@ def link_kernels(trace: RawTrace) -> Kernels:
     op_event = ops[op_pos] if len(ops) else np.full(len(gpu), -1, np.int64)
     op_event[op_pos < 0] = -1
 
-    launch_name = np.where(linked, names[trace.name_id[np.maximum(launch, 0)]], "")
-    from_graph = np.array([bool(_GRAPH_LAUNCH.match(n)) for n in launch_name], bool) if len(gpu) else np.zeros(0, bool)
+    launch_name_id = trace.name_id[np.maximum(launch, 0)]
+    launch_name = np.where(linked, names[launch_name_id], "")
+    is_graph_launch = np.array([bool(_GRAPH_LAUNCH.match(n)) for n in trace.names], bool)  # per distinct name
+    from_graph = linked & is_graph_launch[launch_name_id]
     launcher = np.where(op_event >= 0, names[trace.name_id[np.maximum(op_event, 0)]], launch_name)
     launcher = np.where(from_graph, launch_name, launcher)
     op_event = np.where(from_graph, -1, op_event)
@@ -280,9 +282,15 @@ def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], nam
     """(category code of each kernel, category names): the rules run once per distinct
     (name, launcher, activity, dtypes differ), not once per kernel."""
     kind = trace.kind[kernels.event].astype(np.int64)
-    key = np.stack([name_id, launcher_code, kind, kernels.dtypes_differ.astype(np.int64)], axis=1)
-    combos, inverse = np.unique(key, axis=0, return_inverse=True)
-    names_of = [categorise(rules, trace.names[n], launchers[l], ACTIVITY[k], bool(m)) for n, l, k, m in combos]
+    # one integer per combination (a 1-D unique is ten times faster than unique rows)
+    n_kinds, n_launchers = len(KINDS), max(len(launchers), 1)
+    key = ((name_id * n_launchers + launcher_code) * n_kinds + kind) * 2 + kernels.dtypes_differ
+    combos, inverse = np.unique(key, return_inverse=True)
+    rest, mixed = np.divmod(combos, 2)
+    rest, kinds = np.divmod(rest, n_kinds)
+    name_ids, launcher_codes = np.divmod(rest, n_launchers)
+    names_of = [categorise(rules, trace.names[n], launchers[l], ACTIVITY[k], bool(m))
+                for n, l, k, m in zip(name_ids.tolist(), launcher_codes.tolist(), kinds.tolist(), mixed.tolist())]
     cat_codes, categories = _encode(np.array(names_of, dtype=object))
     return cat_codes[inverse.reshape(-1)], categories
 

@@ -4,7 +4,11 @@ the same file and against Holistic Trace Analysis (HTA). Not a test: it prints r
     .venv/bin/python -m ingest.benchmark TRACE.json.gz [--hta-python /path/to/venv/bin/python]
 
 Each contender runs in a fresh Python process that reports its own wall time (after its
-imports) and peak RSS (ru_maxrss), so one's memory cannot flatter another. HTA runs under the
+imports) and peak RSS (ru_maxrss), so one's memory cannot flatter another. stepwatch runs twice:
+as it ships (a large trace is decoded by two processes) and with STEPWATCH_READ_PROCESSES=1 (one
+process), the baseline for what the second process buys. The helper process's memory is
+reported on its own: its peak RSS, and (from an untimed run that polls /proc) its peak private
+memory, the part it does not share with the main process it was forked from. HTA runs under the
 interpreter given by --hta-python (it is not a stepwatch dependency; install it in its own venv:
 `python3 -m venv /tmp/hta && /tmp/hta/bin/pip install holistictraceanalysis`).
 """
@@ -26,7 +30,9 @@ _REPORT = """
 import json, resource, sys, time
 def report(t0, **extra):
     print(json.dumps({"seconds": time.perf_counter() - t0,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}))
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "helper_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+                      **extra}))
 """
 
 STEPWATCH = """
@@ -43,6 +49,42 @@ with open_db({db!r}) as store:
 k = record.kernel_stats
 report(t0, kernels=int(k["calls"].sum()), steps=record.steps, top=k.iloc[0]["name"][:60],
        top_calls=int(k.iloc[0]["calls"]))
+"""
+
+# Untimed: import once while a thread polls the helper's /proc/PID/smaps_rollup every 2 ms.
+HELPER_MEMORY = """
+import os, threading
+sys.path.insert(0, {root!r})
+from ingest.categories import load_rule_chain
+from ingest.importer import ImportOptions, prepare_import
+peak = {{"private_mb": 0.0, "pss_mb": 0.0, "rss_mb": 0.0, "samples": 0}}
+done = threading.Event()
+def poll():
+    me = str(os.getpid())
+    while not done.is_set():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1] != me:
+                    continue
+                kb = {{}}
+                for line in open(f"/proc/{{pid}}/smaps_rollup"):
+                    parts = line.split()
+                    if len(parts) == 3:
+                        kb[parts[0].rstrip(":")] = int(parts[1])
+            except (OSError, IndexError):
+                continue
+            peak["samples"] += 1
+            peak["private_mb"] = max(peak["private_mb"], (kb["Private_Clean"] + kb["Private_Dirty"]) / 1024)
+            peak["pss_mb"] = max(peak["pss_mb"], kb["Pss"] / 1024)
+            peak["rss_mb"] = max(peak["rss_mb"], kb["Rss"] / 1024)
+        done.wait(0.002)
+watcher = threading.Thread(target=poll)
+watcher.start()
+t0 = time.perf_counter()
+prepare_import({trace!r}, load_rule_chain(), ImportOptions())
+done.set()
+watcher.join()
+report(t0, **peak)
 """
 
 JSON_LOAD = """
@@ -66,8 +108,9 @@ report(t0, kernel_types=kernel_type_df.to_dict(orient="records")[:4],
 """
 
 
-def run_contender(python: str, code: str) -> dict:
-    out = subprocess.run([python, "-c", _REPORT + code], capture_output=True, text=True, timeout=1800)
+def run_contender(python: str, code: str, env: dict | None = None) -> dict:
+    out = subprocess.run([python, "-c", _REPORT + code], capture_output=True, text=True, timeout=1800,
+                         env={**os.environ, **(env or {})})
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed"}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -81,7 +124,8 @@ def main() -> None:
     args = p.parse_args()
     trace = str(Path(args.trace).resolve())
     size_mb = os.path.getsize(trace) / 1e6
-    results: dict[str, list[dict]] = {"stepwatch import": [], "json.load": [], "HTA": []}
+    results: dict[str, list[dict]] = {"stepwatch import": [], "stepwatch import, one process": [],
+                                      "json.load": [], "HTA": []}
     with tempfile.TemporaryDirectory() as tmp:
         hta_dir = Path(tmp, "hta")
         hta_dir.mkdir()
@@ -90,10 +134,14 @@ def main() -> None:
             db = str(Path(tmp, f"bench{i}.duckdb"))
             results["stepwatch import"].append(
                 run_contender(sys.executable, STEPWATCH.format(root=str(ROOT), trace=trace, db=db)))
+            results["stepwatch import, one process"].append(run_contender(
+                sys.executable, STEPWATCH.format(root=str(ROOT), trace=trace, db=db + ".one"),
+                env={"STEPWATCH_READ_PROCESSES": "1"}))
             results["json.load"].append(run_contender(sys.executable, JSON_LOAD.format(trace=trace)))
             if args.hta_python:
                 results["HTA"].append(run_contender(args.hta_python, HTA.format(trace_dir=str(hta_dir))))
         shutil.rmtree(hta_dir)
+        helper = run_contender(sys.executable, HELPER_MEMORY.format(root=str(ROOT), trace=trace))
 
     def median(rows: list[dict], key: str) -> float | None:
         vals = sorted(r[key] for r in rows if key in r)
@@ -113,6 +161,13 @@ def main() -> None:
         secs, rss = median(rows, "seconds"), median(rows, "peak_rss_mb")
         ratio = "-" if name == "stepwatch import" else f"{secs / ours:.1f}x"
         print(f"| {name} | {secs:.2f} | {rss:.0f} | {ratio} |")
+    if "error" in helper:
+        print(f"\nhelper memory: error: {helper['error']}")
+    else:
+        rss = median(results["stepwatch import"], "helper_peak_rss_mb")
+        print(f"\nhelper process: peak RSS {rss:.0f} MB (counting pages shared with the main process); "
+              f"polled {helper['samples']} times: peak private {helper['private_mb']:.0f} MB, "
+              f"peak PSS {helper['pss_mb']:.0f} MB")
     print("\nstepwatch:", {k: v for k, v in results["stepwatch import"][0].items() if k not in ("seconds", "peak_rss_mb")})
     if results["HTA"] and "error" not in results["HTA"][0]:
         print("HTA:", {k: v for k, v in results["HTA"][0].items() if k not in ("seconds", "peak_rss_mb")})
