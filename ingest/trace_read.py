@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import re
 import signal
+import sys
 import warnings
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -459,17 +460,14 @@ SPLIT_MIN_BYTES = 16 << 20
 
 
 def _worth_splitting(path: Path, chunk_bytes: int) -> bool:
-    """Two processes when there are two CPUs to run them, fork to start the helper cheaply, and a
-    trace big enough (its uncompressed size, from the gzip trailer) to repay it."""
+    """Two processes on Linux (fork starts the helper in milliseconds) when this process may
+    run on two CPUs and the trace is big enough (its uncompressed size, from the gzip trailer)
+    to repay it."""
     if os.environ.get("STEPWATCH_READ_PROCESSES", "2") == "1":
         return False
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if not sys.platform.startswith("linux"):  # fork is only safe to lean on there
         return False
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return cpus >= 2 and _uncompressed_size(path) >= max(SPLIT_MIN_BYTES, 4 * chunk_bytes)
+    return len(os.sched_getaffinity(0)) >= 2 and _uncompressed_size(path) >= max(SPLIT_MIN_BYTES, 4 * chunk_bytes)
 
 
 def _uncompressed_size(path: Path) -> int:
