@@ -94,6 +94,12 @@ def find_device_name(trace: RawTrace) -> str | None:
     return None
 
 
+def _names_matching(trace: RawTrace, pattern: re.Pattern) -> np.ndarray:
+    """Whether each distinct name matches `pattern` (index it with name ids): the regex runs
+    once per name, not once per event."""
+    return np.array([bool(pattern.match(n)) for n in trace.names], bool)
+
+
 def _python_sources(trace: RawTrace, frames: np.ndarray, q_thread: np.ndarray, q_ts: np.ndarray) -> np.ndarray:
     """Source line (innermost user frame around each query), "" where none."""
     out = np.full(len(q_ts), "", dtype=object)
@@ -195,8 +201,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
 
     launch_name_id = trace.name_id[np.maximum(launch, 0)]
     launch_name = np.where(linked, names[launch_name_id], "")
-    is_graph_launch = np.array([bool(_GRAPH_LAUNCH.match(n)) for n in trace.names], bool)  # per distinct name
-    from_graph = linked & is_graph_launch[launch_name_id]
+    from_graph = linked & _names_matching(trace, _GRAPH_LAUNCH)[launch_name_id]
     launcher = np.where(op_event >= 0, names[trace.name_id[np.maximum(op_event, 0)]], launch_name)
     launcher = np.where(from_graph, launch_name, launcher)
     op_event = np.where(from_graph, -1, op_event)
@@ -217,10 +222,9 @@ def link_kernels(trace: RawTrace) -> Kernels:
 def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> Steps:
     """Place each kernel in a decode step: ProfilerStep#N annotations, else SGLang's step[...]
     spans, else one cudaGraphLaunch per step, else `given_steps` equal runs of kernels."""
-    names = trace.names
     ann = np.flatnonzero(trace.kind == K["user_annotation"])
     for method, pattern in (("profiler-step", _STEP_NAME), ("span", _SPAN_NAME)):
-        hit = ann[[bool(pattern.match(names[i])) for i in trace.name_id[ann]]] if len(ann) else ann
+        hit = ann[_names_matching(trace, pattern)[trace.name_id[ann]]]
         if len(hit):
             hit = hit[np.argsort(trace.ts_us[hit], kind="stable")]
             start = trace.ts_us[hit]
@@ -231,7 +235,7 @@ def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> 
 
     launch_kinds = (trace.kind == K["cuda_runtime"]) | (trace.kind == K["cuda_driver"])
     cand = np.flatnonzero(launch_kinds)
-    graph = cand[[bool(_GRAPH_LAUNCH.match(names[i])) for i in trace.name_id[cand]]] if len(cand) else cand
+    graph = cand[_names_matching(trace, _GRAPH_LAUNCH)[trace.name_id[cand]]]
     if len(graph) and not kernels.from_cpu_ops:
         graph = graph[np.argsort(trace.ts_us[graph], kind="stable")]
         start = trace.ts_us[graph]

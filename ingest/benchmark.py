@@ -57,7 +57,7 @@ import os, threading
 sys.path.insert(0, {root!r})
 from ingest.categories import load_rule_chain
 from ingest.importer import ImportOptions, prepare_import
-peak = {{"private_mb": 0.0, "pss_mb": 0.0, "rss_mb": 0.0, "samples": 0}}
+peak = {{"private_mb": 0.0, "pss_mb": 0.0, "samples": 0}}
 done = threading.Event()
 def poll():
     me = str(os.getpid())
@@ -76,7 +76,6 @@ def poll():
             peak["samples"] += 1
             peak["private_mb"] = max(peak["private_mb"], (kb["Private_Clean"] + kb["Private_Dirty"]) / 1024)
             peak["pss_mb"] = max(peak["pss_mb"], kb["Pss"] / 1024)
-            peak["rss_mb"] = max(peak["rss_mb"], kb["Rss"] / 1024)
         done.wait(0.002)
 watcher = threading.Thread(target=poll)
 watcher.start()

@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from pathlib import Path
@@ -200,26 +201,30 @@ def open_trace_stream(path: Path) -> BinaryIO:
     return f
 
 
-def _read(stream: BinaryIO, path: Path, n: int) -> bytes:
+@contextmanager
+def _reading(path: Path):
+    """A read error (a truncated or corrupt gzip) becomes a TraceError naming the file."""
     try:
-        return stream.read(n)
-    except (EOFError, OSError, igzip.BadGzipFile) as e:  # truncated or corrupt gzip
+        yield
+    except (EOFError, OSError, igzip.BadGzipFile) as e:
         raise TraceError(path, f"compressed data is truncated or corrupt ({e})") from None
+
+
+def _read(stream: BinaryIO, path: Path, n: int) -> bytes:
+    with _reading(path):
+        return stream.read(n)
 
 
 def _read_into(stream: BinaryIO, path: Path, buf: bytearray, at: int, n: int) -> int:
     """Read up to n bytes into buf[at:] (exactly n unless the file ends: both processes of a
     split read must see the same bytes at the same places)."""
     got = 0
-    try:
-        with memoryview(buf) as view:
-            while got < n:
-                k = stream.readinto(view[at + got : at + n])
-                if not k:
-                    break
-                got += k
-    except (EOFError, OSError, igzip.BadGzipFile) as e:  # truncated or corrupt gzip
-        raise TraceError(path, f"compressed data is truncated or corrupt ({e})") from None
+    with _reading(path), memoryview(buf) as view:
+        while got < n:
+            k = stream.readinto(view[at + got : at + n])
+            if not k:
+                break
+            got += k
     return got
 
 
@@ -271,7 +276,7 @@ def _last_boundary(buf: bytearray, lo: int, end: int) -> int | None:
 def _decode_in_place(buf: bytearray, start: int, end: int, decode):
     """decode(the events in buf[start + 1 : end] as a JSON array) without copying them: the
     byte before the piece and the byte after it (separators or whitespace) briefly become '['
-    and ']'. The events' Raw fields point into buf: drop them before buf is resized."""
+    and ']'. The events' Raw fields point into buf: drop them before buf is overwritten."""
     before, after = buf[start], buf[end]
     buf[start], buf[end] = 0x5B, 0x5D
     try:
