@@ -1,10 +1,14 @@
 """Nesting of intervals on a thread (CPU ops, Python frames), answered with array operations.
 
 Events recorded on one thread are properly nested: a child starts and ends inside its parent.
-With intervals sorted by (start, longer first), an interval's depth is the number of intervals
-open at its start. The innermost interval enclosing a time x is then the last interval that
-started at or before x among those whose depth equals the number of intervals open at x.
-Every answer is checked for containment; a time that no interval contains answers -1.
+With intervals sorted by (start, longer first, then file order), an interval's depth is the
+number of intervals before it in that order that are still open at its start, plus one: the
+intervals before it, less those that ended at or before its start. Zero-length intervals need
+care: one that starts (and ends) where a longer interval starts sorts after it and is inside it,
+so it must not count as "ended" for the longer one. The innermost interval enclosing a time x
+is then the last interval that started at or before x among those whose depth equals the number
+of intervals open at x. Every answer is checked for containment; a time that no interval
+contains answers -1, an interval that no other contains has no parent.
 """
 
 from __future__ import annotations
@@ -38,7 +42,12 @@ class Nesting:
             groups[int(t[lo])] = (int(lo), int(hi))
             gs, ge = s[lo:hi], e[lo:hi]
             closed = np.searchsorted(np.sort(ge), gs, "right")  # intervals over by each start
-            closed -= ge <= gs  # a zero-length interval must not count itself as over
+            # ... of which those not before it in the order: the zero-length intervals at its
+            # start that sort at or after it (itself included), which come last among that start
+            zero = (ge == gs).astype(np.int64)
+            zeros_up_to = np.cumsum(zero)
+            same_start_end = np.searchsorted(gs, gs, "right") - 1  # last position with this start
+            closed -= zeros_up_to[same_start_end] - zeros_up_to + zero
             depth[lo:hi] = np.arange(1, hi - lo + 1) - closed
         return cls(order, t, s, e, depth, groups)
 
@@ -81,7 +90,10 @@ class Nesting:
         for lo, hi in self.groups.values():
             want = self.depth[lo:hi] - 1
             pos = self._lookup(lo, hi, self.start[lo:hi], want)
-            parent_sorted[lo:hi] = pos
+            hit = pos >= 0
+            # a parent holds its child whole (an interval that overlaps another is nobody's child)
+            hit[hit] = (self.start[pos[hit]] <= self.start[lo:hi][hit]) & (self.end[pos[hit]] >= self.end[lo:hi][hit])
+            parent_sorted[lo:hi] = np.where(hit, pos, -1)
         result = np.full(len(self.order), -1, np.int64)
         ok = parent_sorted >= 0
         result[self.order[ok]] = self.order[parent_sorted[ok]]
