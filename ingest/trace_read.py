@@ -77,7 +77,24 @@ KINDS = (
     "gpu_user_annotation",
     "python_function",
 )
-_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+# The `cat` of each kept kind in every Kineto layout seen in the wild: torch 1.8-1.10 wrote
+# capitalised names (Kernel, Runtime, Memcpy, Memset, Operator; Kineto's own table then spelt
+# "gpu_user_Annotation"); other accelerators have their
+# own device-activity and runtime categories (MTIA's mtia_ccp_events / mtia_runtime, Intel XPU,
+# PrivateUse1 backends), read here as kernels and launches.
+_CAT_KIND = {
+    "kernel": "kernel", "Kernel": "kernel", "mtia_ccp_events": "kernel",
+    "gpu_memcpy": "gpu_memcpy", "Memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset", "Memset": "gpu_memset",
+    "cuda_runtime": "cuda_runtime", "Runtime": "cuda_runtime", "mtia_runtime": "cuda_runtime",
+    "xpu_runtime": "cuda_runtime", "privateuse1_runtime": "cuda_runtime",
+    "cuda_driver": "cuda_driver", "xpu_driver": "cuda_driver", "privateuse1_driver": "cuda_driver",
+    "cpu_op": "cpu_op", "Operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation", "gpu_user_Annotation": "gpu_user_annotation",
+    "python_function": "python_function",
+}
+_KIND_CODE = {cat: KINDS.index(kind) for cat, kind in _CAT_KIND.items()}
 _CAT, _NAME, _TS, _DUR = attrgetter("cat"), attrgetter("name"), attrgetter("ts"), attrgetter("dur")
 _PID, _TID, _ARGS = attrgetter("pid"), attrgetter("tid"), attrgetter("args")
 _CORR, _EXT = attrgetter("correlation"), attrgetter("external_id")
@@ -103,6 +120,7 @@ class RawTrace:
     shapes: list[tuple[bytes, bytes]] = field(default_factory=list)  # (Input Dims, Input type) JSON
     events_seen: int = 0
     processes: int = 1  # how many processes decoded it (2: a split read)
+    repaired_bytes: int = 0  # raw control characters and invalid UTF-8 bytes read as spaces / U+FFFD
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -122,6 +140,7 @@ class _Columns:
         self.shapes: dict[tuple[bytes, bytes], int] = {}
         self.parts: list[tuple[int, tuple[np.ndarray, ...]]] = []  # (piece number, columns)
         self.events_seen = 0
+        self.repaired_bytes = 0  # control characters and invalid UTF-8 replaced (one-process read)
 
     @staticmethod
     def _encode(values: list, table: dict) -> np.ndarray:
@@ -182,7 +201,7 @@ class _Columns:
         return RawTrace(
             path, header, *cols,
             names=list(self.names), threads=list(self.threads), shapes=list(self.shapes),
-            events_seen=self.events_seen,
+            events_seen=self.events_seen, repaired_bytes=self.repaired_bytes,
         )
 
 
@@ -342,8 +361,9 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last) -> dict:
     """Stream the trace, cutting `traceEvents` into pieces of about chunk_bytes at event
     boundaries: on_piece(number, buf, start, end) for the events in buf[start + 1 : end]
     (it returns False when the cut must move on to the next boundary), on_last(number, JSON
-    array) for the final events. Returns the keys around the array. The cuts depend only on
-    the file's bytes, so two processes scanning one file cut it at the same places.
+    array) for the final events (it raises msgspec.DecodeError when that text is not the array:
+    see `_finish_events`). Returns the keys around the array. The cuts depend only on the
+    file's bytes, so two processes scanning one file cut it at the same places.
 
     The bytes go into one buffer allocated once (readinto, moving the unread tail to the
     front when it fills), not a new bytes object per read: fresh memory costs page faults."""
@@ -362,10 +382,8 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last) -> dict:
             cut = None if eof or end - lo < chunk_bytes else _last_boundary(buf, lo, end)
             if cut is None:
                 if eof:
-                    events_text, tail = _split_last(path, bytes(memoryview(buf)[start + 1 : end]))
-                    if events_text is not None:
-                        on_last(number, events_text)
-                    header.update(tail)
+                    header.update(_finish_events(path, bytes(memoryview(buf)[start + 1 : end]),
+                                                 lambda text: on_last(number, text)))
                     return header
                 if end - lo >= chunk_bytes:
                     lo = max(lo, end - 1)  # no boundary in a whole chunk: read on
@@ -404,22 +422,55 @@ def _read_serial(path: Path, chunk_bytes: int) -> RawTrace:
         try:
             events = _decode_in_place(buf, start, end, lambda piece: _decode_piece(path, piece, cols.events_seen))
         except msgspec.DecodeError:
-            # the cut fell inside a string (or the JSON is bad): extend the piece
-            if end - start > _MAX_PENDING:
-                raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen}") from None
-            return False
+            events = _decode_repaired(path, bytes(memoryview(buf)[start + 1 : end]), cols)
+            if events is None:
+                # the cut fell inside a string (or the JSON is bad): extend the piece
+                if end - start > _MAX_PENDING:
+                    raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen}") from None
+                return False
         cols.add(events, number)
         return True
 
     def on_last(number: int, events_text: bytes) -> None:
         try:
             events = _decode_piece(path, events_text, cols.events_seen)
-        except msgspec.DecodeError as e:
-            raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen} ({e})") from None
+        except msgspec.DecodeError:
+            events = _decode_repaired(path, events_text[1:-1], cols)
+            if events is None:
+                raise
         cols.add(events, number)
 
-    header = _scan(path, chunk_bytes, on_piece, on_last)
+    try:
+        header = _scan(path, chunk_bytes, on_piece, on_last)
+    except msgspec.DecodeError as e:
+        raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen} ({e})") from None
     return _finish(cols, path, header)
+
+
+# JSON forbids raw control characters in strings and requires UTF-8; torch's profiler has been
+# seen writing both into names (Perfetto refuses such traces). Structural JSON is ASCII printable,
+# so turning every control byte into a space changes no structure: outside strings they were
+# whitespace (or invalid), inside strings they become spaces.
+_CONTROL_TO_SPACE = bytes.maketrans(bytes(range(32)), b" " * 32)
+_NOT_WHITESPACE_CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r")
+
+
+def _decode_repaired(path: Path, body: bytes, cols: "_Columns") -> list[Event] | None:
+    """Decode the events in `body` (a piece without its brackets) after replacing raw control
+    characters by spaces and invalid UTF-8 by U+FFFD; None when the piece needs no such repair
+    or is still not valid JSON (then the fault is elsewhere). Counts the bytes replaced."""
+    fixed = body.translate(_CONTROL_TO_SPACE)
+    text = fixed.decode("utf-8", "replace")
+    bad_utf8 = text.count("\ufffd") - fixed.count("\ufffd".encode())
+    controls = len(body) - len(body.translate(None, _NOT_WHITESPACE_CONTROL))
+    if not bad_utf8 and fixed == body:
+        return None
+    try:
+        events = _decode_piece(path, b"[" + text.encode() + b"]", cols.events_seen)
+    except msgspec.DecodeError:
+        return None
+    cols.repaired_bytes += controls + bad_utf8
+    return events
 
 
 def _finish(cols: _Columns, path: Path, header: dict) -> RawTrace:
@@ -429,33 +480,76 @@ def _finish(cols: _Columns, path: Path, header: dict) -> RawTrace:
     return trace
 
 
-def _split_last(path: Path, text: bytes) -> tuple[bytes | None, dict]:
-    """Split the final piece into the remaining events (a JSON array, None when there are
-    none) and the keys after the array (deviceProperties, ...)."""
+def _finish_events(path: Path, text: bytes, on_last) -> dict:
+    """Hand the events after the last cut to on_last and return the keys that follow the
+    `traceEvents` array (Kineto writes traceName, displayTimeUnit, baseTimeNanoseconds and often
+    "INFO": [...log lines...] there). The array's end is first taken at the last ']' before keys
+    that parse; when that text is not an array of events (a ']' inside the trailing keys), the
+    array's end is found exactly by parsing. A wrong split can never decode: it would leave a
+    ']' at the top level of the events."""
     body = text.rstrip()
     if not body.endswith(b"}"):
         raise TraceError(path, "is truncated (the JSON does not end with '}')")
-    # The events end at the last ']' that is followed only by trailing keys: try candidates
-    # from the right; the first split where both sides parse wins.
+    fast = _split_at_last_bracket(path, body)
+    try:
+        return _hand_over(fast, on_last)
+    except msgspec.DecodeError:
+        exact = _split_exactly(body)
+        if exact is None or exact == fast:
+            raise
+    return _hand_over(exact, on_last)
+
+
+def _hand_over(split: tuple[bytes | None, dict], on_last) -> dict:
+    events_text, tail = split
+    if events_text is not None:
+        on_last(events_text)
+    return tail
+
+
+def _events_and_tail(events_part: bytes, after: bytes) -> tuple[bytes | None, dict] | None:
+    """(events as a JSON array or None when empty, the trailing keys) of a split of the final
+    text into the events before a ']' and what follows it; None when what follows is not
+    a run of object keys closing the top-level object."""
+    after = after.strip()
+    if after.startswith(b","):
+        after = after[1:]
+    try:
+        tail = json.loads(b"{" + after) if after.strip() != b"}" else {}
+    except ValueError:
+        return None
+    if not isinstance(tail, dict):
+        return None
+    events_part = events_part.rstrip()
+    if events_part.endswith(b","):
+        events_part = events_part[:-1]
+    if not events_part.strip():
+        return None, tail
+    return b"[" + events_part + b"]", tail
+
+
+def _split_at_last_bracket(path: Path, body: bytes) -> tuple[bytes | None, dict]:
+    """The split at the last ']' that is followed only by parseable keys."""
     pos = len(body)
     while True:
         pos = body.rfind(b"]", 0, pos)
         if pos < 0:
             raise TraceError(path, "is truncated or not JSON (the 'traceEvents' array never closes)")
-        events_part = body[:pos].rstrip()
-        after = body[pos + 1 :].strip()
-        if after.startswith(b","):
-            after = after[1:]
-        try:
-            tail = json.loads(b"{" + after) if after != b"}" else {}
-        except ValueError:
-            continue
-        tail = tail if isinstance(tail, dict) else {}
-        if events_part.endswith(b","):
-            events_part = events_part[:-1]
-        if not events_part.strip():
-            return None, tail
-        return b"[" + events_part + b"]", tail
+        split = _events_and_tail(body[:pos], body[pos + 1 :])
+        if split is not None:
+            return split
+
+
+def _split_exactly(body: bytes) -> tuple[bytes | None, dict] | None:
+    """The split at the ']' that really closes the events array, found by parsing it (a few ms
+    a MB; only for traces whose trailing keys hold brackets); None when it does not parse."""
+    text = (b"[" + body).decode("utf-8", "surrogateescape")
+    try:
+        _, end = json.JSONDecoder(strict=False).raw_decode(text)
+    except ValueError:
+        return None
+    close = len(text[:end].encode("utf-8", "surrogateescape")) - 1  # just past ']' in body
+    return _events_and_tail(body[: close - 1], body[close:])
 
 
 # -- the two-process reader ------------------------------------------------------------------
@@ -499,8 +593,9 @@ def _read_share(path: Path, chunk_bytes: int, share: int) -> tuple[dict, _Column
         return True
 
     def on_last(number: int, events_text: bytes) -> None:
+        events = _DECODER.decode(events_text)  # decoded by both: it tells where the array ends
         if number % 2 == share:
-            cols.add(_DECODER.decode(events_text), number)
+            cols.add(events, number)
 
     return _scan(path, chunk_bytes, on_piece, on_last), cols
 
