@@ -168,3 +168,34 @@ def variant_chart(matrix: pd.DataFrame, a_label: str, b_label: str) -> alt.Chart
                         scale=alt.Scale(range=["#9ecae1", "#08519c"])),
         tooltip=[alt.Tooltip("variant:N"), alt.Tooltip("commit:N"), alt.Tooltip("tok_per_s:Q", format=",.2f")],
     ).properties(height=alt.Step(16))
+
+
+def rank_balance_parts(rank_stats: pd.DataFrame) -> pd.DataFrame:
+    """get_rank_stats' frame as the parts of each rank's step (ms): computation (busy time that is
+    not communication), communication spent moving data, communication spent waiting for the
+    last rank, and idle. Waiting counts as moving data when it is unknown."""
+    rows = []
+    for r in rank_stats.itertuples():
+        busy = r.busy_ms_median if pd.notna(r.busy_ms_median) else 0.0
+        wait = r.wait_ms_median if pd.notna(r.wait_ms_median) else 0.0
+        step = r.step_ms_median if pd.notna(r.step_ms_median) else busy
+        comm = r.comm_ms_median
+        parts = {"compute": max(busy - comm, 0.0), "communication": max(comm - wait, 0.0),
+                 "waiting for the last rank": wait, "idle": max(step - busy, 0.0)}
+        rows += [{"rank": f"rank {r.rank}", "part": p, "ms": ms} for p, ms in parts.items()]
+    return pd.DataFrame(rows, columns=["rank", "part", "ms"])
+
+
+def rank_balance_chart(parts: pd.DataFrame) -> alt.Chart:
+    """One horizontal bar per rank, its step split into rank_balance_parts' parts."""
+    order = ["compute", "communication", "waiting for the last rank", "idle"]
+    return alt.Chart(parts).mark_bar().encode(
+        y=alt.Y("rank:N", title=None, sort=None),
+        x=alt.X("sum(ms):Q", title="ms per step", stack="zero"),
+        color=alt.Color("part:N", title=None, sort=order,
+                        scale=alt.Scale(domain=order, range=["#1f77b4", "#8c564b", "#d62728", "#c7c7c7"])),
+        order=alt.Order("part_order:Q"),
+        tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("part:N"), alt.Tooltip("ms:Q", format=",.3f")],
+    ).transform_calculate(
+        part_order=" + ".join(f"(datum.part == '{p}' ? {i} : 0)" for i, p in enumerate(order))
+    ).properties(height=alt.Step(28))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from .charts import rank_balance_chart, rank_balance_parts
 from .labels import format_change, format_number, format_percent
 
 
@@ -31,3 +32,25 @@ def show_run_kpis(run: dict, baseline: dict | None = None) -> None:
     tiles[3].metric("GPU busy share", format_percent(run["gpu_busy_share"]), border=True, delta_color="off",
                     delta=_points(base.get("gpu_busy_share"), run["gpu_busy_share"]) if delta else None,
                     help="share of the step's wall time in which some kernel ran")
+
+
+def show_rank_balance(rank_stats) -> None:
+    """A multi-rank run: each rank's step split into compute, communication and waiting for the
+    last rank, the rank the others wait for, and the figures as a table."""
+    if rank_stats is None or rank_stats.empty:
+        return
+    st.subheader("Ranks")
+    st.altair_chart(rank_balance_chart(rank_balance_parts(rank_stats)))
+    if rank_stats["last_arrivals"].notna().all() and rank_stats["collectives"].max() > 0:
+        last = rank_stats.loc[rank_stats["last_arrivals"].idxmax()]
+        st.caption(f"Rank {int(last['rank'])} reaches {int(last['last_arrivals'])} of {int(last['collectives'])} "
+                   "collectives last: the other ranks wait for it. Waiting is the time from a rank's start of a "
+                   "collective to the last rank's start (clocks aligned on the collectives' ends).")
+    st.dataframe(rank_stats, hide_index=True, column_config={
+        "step_ms_median": st.column_config.NumberColumn("step ms", format="%.3f"),
+        "busy_ms_median": st.column_config.NumberColumn("busy ms/step", format="%.3f"),
+        "comm_ms_median": st.column_config.NumberColumn("communication ms/step", format="%.3f"),
+        "wait_ms_median": st.column_config.NumberColumn("waiting ms/step", format="%.3f"),
+        "between_steps_ms": st.column_config.NumberColumn("between steps ms", format="%.3f"),
+        "last_arrivals": st.column_config.NumberColumn("last arrivals"),
+    })

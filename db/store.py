@@ -62,6 +62,8 @@ class RunRecord:
     timing_ms_p90: float | None = None
     job_id: int | None = None
     diagnosis: list | None = None
+    notes: list | None = None  # sentences a reader of the figures must know (step method, anomalies)
+    rank_stats: pd.DataFrame | None = None  # rank, device_name, steps, step_ms_median, busy/comm/wait ms per step, ...
 
 
 def _migration_files() -> list[tuple[int, str, Path]]:
@@ -188,8 +190,8 @@ class Store:
                 " device_name, peak_gbps, ranks, steps, step_method, step_ms_median, tok_per_s,"
                 " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
                 " source_path, manifest, workload_key, batch_size, timing_ms_median, timing_ms_p10,"
-                " timing_ms_p90, job_id, diagnosis)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " timing_ms_p90, job_id, diagnosis, notes)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " RETURNING run_id",
                 [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
                  json.dumps(rec.workload) if rec.workload is not None else None,
@@ -199,7 +201,8 @@ class Store:
                  json.dumps(rec.manifest) if rec.manifest is not None else None,
                  rec.workload_key, rec.batch_size, rec.timing_ms_median, rec.timing_ms_p10,
                  rec.timing_ms_p90, rec.job_id,
-                 json.dumps(rec.diagnosis) if rec.diagnosis is not None else None],
+                 json.dumps(rec.diagnosis) if rec.diagnosis is not None else None,
+                 json.dumps(rec.notes) if rec.notes else None],
             ).fetchone()[0]
             steps = rec.step_table.assign(run_id=run_id)
             cats = rec.step_categories.assign(run_id=run_id)
@@ -229,6 +232,16 @@ class Store:
             )
             for name in ("new_steps", "new_cats", "new_kernels"):
                 con.unregister(name)
+            if rec.rank_stats is not None and len(rec.rank_stats):
+                con.register("new_ranks", rec.rank_stats.assign(run_id=run_id))
+                con.execute(
+                    "INSERT INTO rank_stats (run_id, rank, device_name, steps, step_ms_median, busy_ms_median,"
+                    " comm_ms_median, wait_ms_median, last_arrivals, collectives, between_steps_ms)"
+                    " SELECT run_id, rank, device_name, steps, step_ms_median, busy_ms_median,"
+                    " comm_ms_median, wait_ms_median, last_arrivals, collectives, between_steps_ms"
+                    " FROM new_ranks"
+                )
+                con.unregister("new_ranks")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -245,6 +258,7 @@ class Store:
             "kernel_stats": self.con.execute("SELECT count(*) FROM kernel_stats").fetchone()[0],
             "repos": self.con.execute("SELECT count(*) FROM repos").fetchone()[0],
             "commits": self.con.execute("SELECT count(*) FROM commits").fetchone()[0],
+            "rank_stats": self.con.execute("SELECT count(*) FROM rank_stats").fetchone()[0],
         }
 
     def get_run(self, run_id: int) -> dict[str, Any] | None:
@@ -252,7 +266,8 @@ class Store:
             "SELECT r.run_id AS id, p.name AS repo, c.sha AS commit, r.variant, r.engine,"
             " r.device_name AS device, r.peak_gbps, r.ranks, r.steps, r.step_method,"
             " r.step_ms_median, r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share,"
-            " r.kernel_us_total, r.kernels_from_cpu_ops, r.source_path, r.workload"
+            " r.kernel_us_total, r.kernels_from_cpu_ops, r.source_path, r.workload, r.notes,"
+            " (SELECT min(rank) FROM steps s WHERE s.run_id = r.run_id) AS first_rank"
             " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
             " LEFT JOIN commits c ON c.commit_id = r.commit_id WHERE r.run_id = ?",
             [run_id],
@@ -262,18 +277,26 @@ class Store:
             return None
         out = dict(zip([d[0] for d in cur.description], row))
         out["workload"] = json.loads(out["workload"]) if out["workload"] else None
+        out["notes"] = json.loads(out["notes"]) if out["notes"] else []
         return out
 
-    def get_run_categories(self, run_id: int, rank: int = 0) -> pd.DataFrame:
-        """Per-category ms per step and share of kernel time, largest first."""
+    def get_rank_stats(self, run_id: int) -> pd.DataFrame:
+        """One row per rank of the run (empty for runs imported before ranks were recorded)."""
         return self.con.execute(
-            "WITH per AS (SELECT category, sum(total_us) AS total_us FROM kernel_stats"
-            "  WHERE run_id = ? AND rank = ? GROUP BY category),"
-            " r AS (SELECT steps FROM runs WHERE run_id = ?)"
-            " SELECT category, total_us / r.steps / 1000.0 AS ms_per_step,"
-            "  total_us / nullif(sum(total_us) OVER (), 0) AS share"
-            " FROM per, r ORDER BY total_us DESC, category",
-            [run_id, rank, run_id],
+            "SELECT rank, device_name, steps, step_ms_median, busy_ms_median, comm_ms_median,"
+            " wait_ms_median, last_arrivals, collectives, between_steps_ms"
+            " FROM rank_stats WHERE run_id = ? ORDER BY rank",
+            [run_id],
+        ).df()
+
+    def get_run_categories(self, run_id: int, rank: int = 0) -> pd.DataFrame:
+        """Per-category ms per step (kernels inside steps) and share of all kernel time, largest first."""
+        return self.con.execute(
+            "WITH per AS (SELECT category, sum(total_us) AS total_us, sum(ms_per_step) AS ms_per_step"
+            "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY category)"
+            " SELECT category, ms_per_step, total_us / nullif(sum(total_us) OVER (), 0) AS share"
+            " FROM per ORDER BY total_us DESC, category",
+            [run_id, rank],
         ).df()
 
     def get_kernel_stats(self, run_id: int, rank: int = 0, limit: int | None = None) -> pd.DataFrame:

@@ -165,8 +165,8 @@ def get_run_overview(store: Store, run_id: int | None) -> dict[str, Any] | None:
         f" r.step_ms_median, r.timing_ms_median, r.timing_ms_p10, r.timing_ms_p90, {_STEP_MS} AS step_ms,"
         " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
         " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
-        " r.diagnosis, (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
-        " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+        " r.diagnosis, (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows,"
+        " r.notes FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
         " LEFT JOIN commits c ON c.commit_id = r.commit_id WHERE r.run_id = ?",
         [run_id],
     )
@@ -174,6 +174,7 @@ def get_run_overview(store: Store, run_id: int | None) -> dict[str, Any] | None:
         out["workload"] = json.loads(out["workload"]) if out["workload"] else None
         out["trace_files"] = json.loads(out["trace_files"]) if out["trace_files"] else None
         out["diagnosis"] = json.loads(out["diagnosis"]) if out["diagnosis"] else []
+        out["notes"] = json.loads(out["notes"]) if out["notes"] else []
     return out
 
 
@@ -226,15 +227,19 @@ def get_job(store: Store, job_id: int | None) -> dict[str, Any] | None:
     return None if job_id is None else store.get_job(job_id, with_log=True)
 
 
-def get_run_detail(store: Store, run_id: int | None, rank: int = 0) -> dict[str, Any] | None:
-    """Everything the Run page shows of one run and rank, in one go: the overview, its ranks,
-    the step breakdown and category means, the kernel table and the job that made it."""
+def get_run_detail(store: Store, run_id: int | None, rank: int | None = None) -> dict[str, Any] | None:
+    """Everything the Run page shows of one run and rank (by default its first: the only rank
+    of a single trace, whatever its number), in one go: the overview, its ranks and their
+    figures, the step breakdown and category means, the kernel table and the job that made it."""
     run = get_run_overview(store, run_id)
     if run is None:
         return None
-    return {"run": run, "ranks": list_ranks(store, run_id), "breakdown": get_step_breakdown(store, run_id, rank),
-            "means": get_category_means(store, run_id, rank), "kernels": get_kernel_table(store, run_id, rank),
-            "job": get_job(store, run["job_id"])}
+    ranks = list_ranks(store, run_id)
+    if rank is None or rank not in ranks:
+        rank = ranks[0] if ranks else 0
+    return {"run": run, "ranks": ranks, "rank": rank, "rank_stats": store.get_rank_stats(run_id),
+            "breakdown": get_step_breakdown(store, run_id, rank), "means": get_category_means(store, run_id, rank),
+            "kernels": get_kernel_table(store, run_id, rank), "job": get_job(store, run["job_id"])}
 
 
 # -- two runs ------------------------------------------------------------------------------

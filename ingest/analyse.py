@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +30,14 @@ from .trace_read import KINDS, RawTrace
 K = {k: i for i, k in enumerate(KINDS)}
 _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _SPAN_NAME = re.compile(r"^step\[")
+_DECODE_SPAN = re.compile(r"^step\[DECODE\b")
 _GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
-_SOURCE_LINE = re.compile(r"\.py\(\d+\): ")
+# a Python frame as torch names it, `file(line): function`; the file need not end in .py (a script
+# run as `python bench`, code compiled from a string, a notebook cell `<ipython-input-3-...>`)
+_SOURCE_LINE = re.compile(r"\(\d+\): \S")
 # ops that touch only part of their inputs: their input bytes say nothing about traffic
 _PARTIAL_ACCESS = re.compile(r"index|gather|scatter|embedding|select|slice|narrow|masked|take|put_")
-_NOT_USER_CODE = re.compile(r"(^|/)(torch|triton)/|(^|/)lib/python3\.\d+/(?!site-packages/)|^<")
+_NOT_USER_CODE = re.compile(r"(^|/)(torch|triton)/|(^|/)lib/python3\.\d+/(?!site-packages/)|^<(frozen|built-in)")
 ACTIVITY = {K["kernel"]: "kernel", K["gpu_memcpy"]: "memcpy", K["gpu_memset"]: "memset", K["cpu_op"]: "cpu_op"}
 
 
@@ -55,9 +58,11 @@ class Kernels:
 
 @dataclass(frozen=True)
 class Steps:
-    method: str  # "profiler-step", "span", "graph-launch" or "given"
-    kernel_step: np.ndarray  # step number of each kernel, -1 outside every step
-    wall_us: np.ndarray  # per step
+    method: str  # "profiler-step", "span", "graph-launch", "whole-trace" or "given"
+    kernel_step: np.ndarray  # step number of each kernel, -1 between (outside every) step
+    wall_us: np.ndarray  # per step: its GPU time (see assign_steps)
+    host_us: np.ndarray  # per step: its host-side span, NaN where the method has none
+    notes: list[str]  # what the method implies, shown with the run
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,13 @@ class RankFigures:
     kernel_stats: pd.DataFrame
     step_table: pd.DataFrame
     step_categories: pd.DataFrame
+    between_steps_us: float = 0.0  # kernels launched outside every step
+    between_steps_kernels: int = 0
+    notes: list = field(default_factory=list)  # what a reader of the figures must know
+    # the communication kernels in time order (start, end, step): for waits across ranks
+    comm_start_us: np.ndarray = field(default_factory=lambda: np.empty(0))
+    comm_end_us: np.ndarray = field(default_factory=lambda: np.empty(0))
+    comm_step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 def find_rank(trace: RawTrace) -> int:
@@ -148,6 +160,8 @@ def link_kernels(trace: RawTrace) -> Kernels:
     names = np.asarray(trace.names, dtype=object)
     frames = np.flatnonzero(kind == K["python_function"])
     ops = np.flatnonzero(kind == K["cpu_op"])
+    # torch before 1.11 recorded ProfilerStep#N as an op: it is a step marker, not an op
+    ops = ops[~_names_matching(trace, _STEP_NAME)[trace.name_id[ops]]]
     gpu = np.flatnonzero((kind == K["kernel"]) | (kind == K["gpu_memcpy"]) | (kind == K["gpu_memset"]))
     op_nest = Nesting.build(trace.thread_id[ops], trace.ts_us[ops], trace.ts_us[ops] + trace.dur_us[ops])
 
@@ -219,47 +233,89 @@ def link_kernels(trace: RawTrace) -> Kernels:
                    nbytes, mixed, False)
 
 
-def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> Steps:
-    """Place each kernel in a decode step: ProfilerStep#N annotations, else SGLang's step[...]
-    spans, else one cudaGraphLaunch per step, else `given_steps` equal runs of kernels."""
-    ann = np.flatnonzero(trace.kind == K["user_annotation"])
-    for method, pattern in (("profiler-step", _STEP_NAME), ("span", _SPAN_NAME)):
-        hit = ann[_names_matching(trace, pattern)[trace.name_id[ann]]]
-        if len(hit):
-            hit = hit[np.argsort(trace.ts_us[hit], kind="stable")]
-            start = trace.ts_us[hit]
-            end = start + trace.dur_us[hit]
-            idx = np.searchsorted(start, kernels.query_ts_us, "right") - 1
-            inside = (idx >= 0) & (kernels.query_ts_us <= end[np.maximum(idx, 0)])
-            return Steps(method, np.where(inside, idx, -1), trace.dur_us[hit].copy())
+def _spans(trace: RawTrace, pattern: re.Pattern, kinds: tuple[str, ...]) -> np.ndarray:
+    """Events of the given kinds whose name matches, in time order."""
+    cand = np.flatnonzero(np.isin(trace.kind, [K[k] for k in kinds]))
+    hit = cand[_names_matching(trace, pattern)[trace.name_id[cand]]]
+    return hit[np.argsort(trace.ts_us[hit], kind="stable")]
 
-    launch_kinds = (trace.kind == K["cuda_runtime"]) | (trace.kind == K["cuda_driver"])
-    cand = np.flatnonzero(launch_kinds)
-    graph = cand[_names_matching(trace, _GRAPH_LAUNCH)[trace.name_id[cand]]]
+
+def _place(kernels: Kernels, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Step of each kernel whose launch lies in one of the (sorted, disjoint) host spans, else -1."""
+    idx = np.searchsorted(start, kernels.query_ts_us, "right") - 1
+    inside = (idx >= 0) & (kernels.query_ts_us <= end[np.maximum(idx, 0)])
+    return np.where(inside, idx, -1)
+
+
+def _find_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> tuple[str, np.ndarray, np.ndarray, list[str]]:
+    """(method, step of each kernel, host span of each step in us (NaN: none), notes)."""
+    if given_steps is not None:
+        if given_steps <= 0 or given_steps > len(kernels.ts_us):
+            raise TraceError(trace.path, f"--steps {given_steps} does not fit its {len(kernels.ts_us)} kernels")
+        step = np.repeat(np.arange(given_steps), [len(p) for p in np.array_split(kernels.ts_us, given_steps)])
+        return "given", step, np.full(given_steps, math.nan), [
+            f"steps given: the kernels split into {given_steps} equal runs in time order"]
+
+    # ProfilerStep#N: a user_annotation since torch 1.11, an Operator (cpu_op) before
+    marks = _spans(trace, _STEP_NAME, ("user_annotation", "cpu_op"))
+    if len(marks):
+        start, dur = trace.ts_us[marks], trace.dur_us[marks]
+        return "profiler-step", _place(kernels, start, start + dur), dur.copy(), []
+
+    spans = _spans(trace, _SPAN_NAME, ("user_annotation",))
+    if len(spans):
+        decode = _names_matching(trace, _DECODE_SPAN)[trace.name_id[spans]]
+        notes = []
+        if decode.any() and not decode.all():
+            notes.append(f"SGLang step spans: {int(decode.sum())} decode steps; {int((~decode).sum())} other "
+                         "forward spans (prefill, draft, ...) are not decode steps and their kernels count "
+                         "as between steps")
+            spans = spans[decode]
+        start, dur = trace.ts_us[spans], trace.dur_us[spans]
+        return "span", _place(kernels, start, start + dur), dur.copy(), notes
+
+    graph = _spans(trace, _GRAPH_LAUNCH, ("cuda_runtime", "cuda_driver"))
     if len(graph) and not kernels.from_cpu_ops:
-        graph = graph[np.argsort(trace.ts_us[graph], kind="stable")]
         start = trace.ts_us[graph]
         idx = np.searchsorted(start, kernels.query_ts_us, "right") - 1
-        wall = np.empty(len(graph))
-        wall[:-1] = np.diff(start)
-        last = idx == len(graph) - 1
-        end_last = (kernels.ts_us[last] + kernels.dur_us[last]).max() if last.any() else start[-1]
-        wall[-1] = max(end_last - start[-1], 0.0)
-        return Steps("graph-launch", idx, wall)
+        return "graph-launch", idx, np.full(len(graph), math.nan), [
+            "no step annotations: each CUDA-graph launch is taken as one step"]
 
-    if given_steps is None:
-        raise TraceError(trace.path, "has no steps: no ProfilerStep#N annotations and no cudaGraphLaunch; "
-                                     "pass the number of profiled steps with --steps N")
-    if given_steps <= 0 or given_steps > len(kernels.ts_us):
-        raise TraceError(trace.path, f"--steps {given_steps} does not fit its {len(kernels.ts_us)} kernels")
-    parts = np.array_split(np.arange(len(kernels.ts_us)), given_steps)
-    step = np.empty(len(kernels.ts_us), np.int64)
-    wall = np.empty(given_steps)
-    end = kernels.ts_us + kernels.dur_us
-    for n, p in enumerate(parts):
-        step[p] = n
-        wall[n] = end[p].max() - kernels.ts_us[p].min()
-    return Steps("given", step, wall)
+    return "whole-trace", np.zeros(len(kernels.ts_us), np.int64), np.full(1, math.nan), [
+        "no step markers (ProfilerStep#N, SGLang step spans or CUDA-graph launches): the whole profiled "
+        "window is read as one step; pass --steps N if it holds N iterations"]
+
+
+def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> Steps:
+    """Place each kernel in a step and time the steps from GPU activity.
+
+    Steps come from `given_steps` equal runs of kernels when given, else ProfilerStep#N
+    annotations, else SGLang's `step[...]` forward spans (only `step[DECODE ...]` when the trace
+    has any: prefill and draft forwards are not decode steps), else one step per CUDA-graph
+    launch, else the whole profiled window as one step. A kernel belongs to the step whose host
+    span holds its launch; kernels launched outside every step are kept (in the kernel table)
+    and reported as between steps.
+
+    A step's time is its GPU time: from its first kernel's start to its last kernel's end (what
+    Kineto's gpu_user_annotation copy of a span covers), not the host span, which under CUDA
+    graphs covers only the launch of the replay. A step without kernels keeps its host span;
+    a CPU-only trace, whose CPU ops are the activity, is timed by its host spans."""
+    method, step, host_us, notes = _find_steps(trace, kernels, given_steps)
+    n = len(host_us)
+    wall = host_us.copy()
+    if not kernels.from_cpu_ops or np.isnan(wall).any():
+        inside = step >= 0
+        # a CPU op's own span, not its self time, bounds the activity of a CPU-only trace
+        end = kernels.ts_us + (trace.dur_us[kernels.event] if kernels.from_cpu_ops else kernels.dur_us)
+        first = np.full(n, np.inf)
+        last = np.full(n, -np.inf)
+        np.minimum.at(first, step[inside], kernels.ts_us[inside])
+        np.maximum.at(last, step[inside], end[inside])
+        has = last >= first
+        use = has if not kernels.from_cpu_ops else has & np.isnan(wall)
+        wall[use] = last[use] - first[use]
+    wall = np.where(np.isnan(wall), 0.0, wall)
+    return Steps(method, step, wall, host_us, notes)
 
 
 def _busy_us(start: np.ndarray, end: np.ndarray) -> float:
@@ -308,16 +364,19 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
 
     n_steps = len(steps.wall_us)
     dur = kernels.dur_us
+    in_step = steps.kernel_step >= 0
     total_us = float(dur.sum())
     # group on integer codes; the strings are put back on the few groups afterwards
     frame = pd.DataFrame({"name": name_id, "category": cat_code, "launcher": launcher_code,
-                          "source": source_code, "dur_us": dur, "bytes": kernels.bytes_per_call})
+                          "source": source_code, "dur_us": dur, "bytes": kernels.bytes_per_call,
+                          "in_step": in_step, "step_us": np.where(in_step, dur, 0.0)})
     g = frame.groupby(["name", "category", "launcher", "source"], sort=False)
     stats = g["dur_us"].agg(calls="count", total_us="sum", mean_us="mean", median_us="median",
                             min_us="min", max_us="max")
     stats["p90_us"] = g["dur_us"].quantile(0.9)
     known = g["bytes"].agg(bytes_known="count", bytes_per_call="median")
-    stats = stats.join(known).reset_index()
+    stats = stats.join(known).join(g["in_step"].sum().rename("calls_in_steps")).join(g["step_us"].sum())
+    stats = stats.reset_index()
     names = np.asarray(trace.names, dtype=object)
     stats["name"] = names[stats["name"].to_numpy()]
     stats["category"] = categories[stats["category"].to_numpy()]
@@ -325,9 +384,11 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     stats["source"] = sources[stats["source"].to_numpy()]
     # bytes only when every call of the group had them (else the figure would mislead)
     stats.loc[stats["bytes_known"] < stats["calls"], "bytes_per_call"] = math.nan
-    stats = stats.drop(columns="bytes_known")
-    stats["calls_per_step"] = stats["calls"] / n_steps
-    stats["ms_per_step"] = stats["total_us"] / n_steps / 1e3
+    # calls and time count every kernel (as key_averages does); the per-step figures only the
+    # kernels inside steps (those between steps are reported apart)
+    stats["calls_per_step"] = stats["calls_in_steps"] / n_steps
+    stats["ms_per_step"] = stats["step_us"] / n_steps / 1e3
+    stats = stats.drop(columns=["bytes_known", "calls_in_steps", "step_us"])
     stats["share"] = stats["total_us"] / total_us if total_us > 0 else math.nan
     stats["gbps"] = stats["bytes_per_call"] / stats["mean_us"] / 1e3
     peak = find_peak_gbps(find_device_name(trace)) if not kernels.from_cpu_ops else None
@@ -339,7 +400,6 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     stats["peak_fraction"] = stats["gbps"] / peak if peak else math.nan
     stats = stats.sort_values(["total_us", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
-    in_step = steps.kernel_step >= 0
     busy = np.zeros(n_steps)
     kern_us = np.bincount(steps.kernel_step[in_step], weights=dur[in_step], minlength=n_steps)
     order = np.argsort(steps.kernel_step, kind="stable")
@@ -357,6 +417,17 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
 
     copy_us = float(dur[np.isin(category, COPY_CATEGORIES)].sum())
     wall_total = float(steps.wall_us.sum())
+    between = ~in_step
+    notes = list(steps.notes)
+    if between.any():
+        unit = "CPU ops" if kernels.from_cpu_ops else "kernels"
+        notes.append(f"{int(between.sum())} {unit} ({float(dur[between].sum()) / 1e3:.3f} ms) ran between steps: "
+                     "counted in the kernel table's calls and time, not in any step")
+    if trace.repaired_bytes:
+        notes.append(f"{trace.repaired_bytes} bytes of raw control characters or invalid UTF-8 in names "
+                     "were read as spaces / U+FFFD (JSON forbids them; torch's profiler wrote them)")
+    comm = np.isin(category, ["communication"])
+    comm_order = np.argsort(kernels.ts_us[comm], kind="stable")
     return RankFigures(
         path=trace.path, rank=find_rank(trace), device_name=find_device_name(trace), peak_gbps=peak,
         step_method=steps.method, steps=n_steps, kernels_from_cpu_ops=kernels.from_cpu_ops,
@@ -365,6 +436,9 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         step_ms_median=float(np.median(steps.wall_us)) / 1e3 if n_steps else None,
         gpu_busy_share=float(busy.sum()) / wall_total if wall_total > 0 and not kernels.from_cpu_ops else None,
         kernel_stats=stats, step_table=step_table, step_categories=step_cats,
+        between_steps_us=float(dur[between].sum()), between_steps_kernels=int(between.sum()), notes=notes,
+        comm_start_us=kernels.ts_us[comm][comm_order], comm_end_us=(kernels.ts_us + dur)[comm][comm_order],
+        comm_step=steps.kernel_step[comm][comm_order],
     )
 
 

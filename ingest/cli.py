@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
     rep.add_argument("--db", default=DEFAULT_DB, help=f"database file (default {DEFAULT_DB})")
     rep.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    rep.add_argument("--rank", type=int, default=0, help="which rank's kernels (default 0)")
+    rep.add_argument("--rank", type=int, default=None,
+                     help="which rank's kernels (default: the run's first rank, e.g. the only one of a single trace)")
     rep.add_argument("--top", type=_positive_int, default=15, help="kernels in the table (default 15)")
     return p
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from db.store import RunRecord
@@ -19,6 +20,7 @@ from kernels.bundle import Manifest, is_bundle, read_bundle
 from .analyse import RankFigures, analyse_trace
 from .categories import Rule
 from .errors import IngestError, TraceError
+from .ranks import find_waits
 from .trace_read import read_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -26,6 +28,8 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 _NOT_SERIES = {"kv", "timing_steps", "warmup_steps", "profiled_steps", "profile_steps", "with_stack",
                "record_shapes", "seed"}
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@=:-]*$")
+_TRACE_NAME = re.compile(r"\.trace\.json(\.gz)?$")
+_DECODE_TRACE = re.compile(r"-DECODE\.trace\.json(\.gz)?$")
 
 
 @dataclass(frozen=True)
@@ -48,19 +52,36 @@ def check_label(field: str, value: str | None) -> str | None:
     return value
 
 
-def find_traces(path: Path) -> tuple[list[Path], Manifest | None]:
-    """The trace files a path stands for, and the bundle manifest if it is a bundle."""
+def find_traces(path: Path) -> tuple[list[Path], Manifest | None, list[str]]:
+    """The trace files a path stands for, the bundle manifest if it is a bundle, and notes on
+    files of a directory that were left out.
+
+    In a directory, the files named like traces (`*.trace.json[.gz]`, as torch's
+    tensorboard_trace_handler and SGLang name them) are the traces when there are any, so a
+    results file or config beside them is not taken for one; and when SGLang's by-stage
+    profiling left `-DECODE` and `-EXTEND` traces of each rank, the decode ones are read."""
     if not path.exists():
         raise IngestError(f"{path}: no such file or directory")
     if path.is_file():
-        return [path], None
+        return [path], None, []
     if is_bundle(path):
         manifest = read_bundle(path)
-        return [path / name for name in manifest.traces], manifest
+        return [path / name for name in manifest.traces], manifest, []
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
     if not files:
         raise IngestError(f"{path}: directory holds no trace files (*.json or *.json.gz)")
-    return files, None
+    notes = []
+    named = [p for p in files if _TRACE_NAME.search(p.name)]
+    if named and len(named) < len(files):
+        notes.append(f"{len(files) - len(named)} JSON file(s) in the directory not named *.trace.json[.gz] were "
+                     "not read as traces")
+        files = named
+    decode = [p for p in files if _DECODE_TRACE.search(p.name)]
+    if decode and len(decode) < len(files):
+        notes.append(f"SGLang by-stage traces: the {len(decode)} -DECODE trace(s) were read, "
+                     f"{len(files) - len(decode)} other stage(s) left out")
+        files = decode
+    return files, None, notes
 
 
 def hash_traces(files: list[Path]) -> str:
@@ -85,9 +106,52 @@ def analyse_files(files: list[Path], rules: list[Rule], steps: int | None) -> li
     return sorted(figures, key=lambda f: f.rank)
 
 
+def _median_per_step(values: np.ndarray, step: np.ndarray, steps: int) -> float | None:
+    """Median over the steps of each step's sum of `values` (steps without any count as 0)."""
+    if steps <= 0:
+        return None
+    inside = step >= 0
+    return float(np.median(np.bincount(step[inside], weights=values[inside], minlength=steps)[:steps]))
+
+
+def build_rank_stats(figures: list[RankFigures]) -> tuple[pd.DataFrame, list[str]]:
+    """One row per rank: its median step time, and the medians over steps of its busy time,
+    communication time and wait for the last rank in collectives; with the notes that go with
+    them. Medians, because the first profiled step of a multi-rank run often holds one long
+    wait for a rank whose profiler started later."""
+    rows = []
+    for f in figures:
+        comm = f.step_categories[f.step_categories["category"] == "communication"]
+        per_step = comm.groupby("step")["dur_us"].sum().reindex(range(f.steps), fill_value=0.0)
+        rows.append({"rank": f.rank, "device_name": f.device_name, "steps": f.steps,
+                     "step_ms_median": f.step_ms_median,
+                     "busy_ms_median": float(f.step_table["gpu_busy_us"].median()) / 1e3 if f.steps else None,
+                     "comm_ms_median": float(per_step.median()) / 1e3 if f.steps else 0.0,
+                     "between_steps_ms": f.between_steps_us / 1e3, "wait_ms_median": None,
+                     "last_arrivals": None, "collectives": len(f.comm_start_us)})
+    stats = pd.DataFrame(rows)
+    notes = []
+    if len(figures) < 2 or not any(len(f.comm_start_us) for f in figures):
+        return stats, notes
+    waits = find_waits([f.comm_start_us for f in figures], [f.comm_end_us for f in figures])
+    if waits is None:
+        notes.append("ranks ran different numbers of communication kernels "
+                     f"({', '.join(str(len(f.comm_start_us)) for f in figures)}): waits between ranks not computed")
+        return stats, notes
+    stats["wait_ms_median"] = [(_median_per_step(waits.wait_us[i], f.comm_step, f.steps) or 0.0) / 1e3
+                               for i, f in enumerate(figures)]
+    stats["last_arrivals"] = waits.last_arrivals
+    slowest = int(np.argmax(waits.last_arrivals))
+    others = stats["wait_ms_median"].drop(index=slowest)
+    notes.append(f"rank {figures[slowest].rank} reached {waits.last_arrivals[slowest]} of {waits.collectives} "
+                 f"collectives last: the other ranks wait for it ({others.mean():.3f} ms per step, median)")
+    return stats, notes
+
+
 def build_record(path: Path, files: list[Path], figures: list[RankFigures], manifest: Manifest | None,
                  opts: ImportOptions, content_hash: str) -> RunRecord:
     lead = figures[0]
+    rank_stats, rank_notes = build_rank_stats(figures)
     m = manifest
     tok = opts.tok_per_s if opts.tok_per_s is not None else (m.tok_per_s if m else None)
     layers = opts.layers if opts.layers is not None else (m.layers if m else None)
@@ -115,6 +179,8 @@ def build_record(path: Path, files: list[Path], figures: list[RankFigures], mani
         timing_ms_p10=m.timing.p10_ms if m and m.timing else None,
         timing_ms_p90=m.timing.p90_ms if m and m.timing else None,
         job_id=opts.job_id,
+        notes=list(lead.notes) + rank_notes,
+        rank_stats=rank_stats,
     )
 
 
@@ -140,11 +206,12 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions) -> 
             raise IngestError(f"--{field} {value}: must be a positive integer")
     if opts.tok_per_s is not None and not opts.tok_per_s > 0:
         raise IngestError(f"--tok-per-s {opts.tok_per_s}: must be a positive number")
-    files, manifest = find_traces(path)
+    files, manifest, file_notes = find_traces(path)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
     content_hash = hash_traces(files)
     figures = analyse_files(files, rules, steps)
     record = build_record(path, files, figures, manifest, opts, content_hash)
+    record = dataclasses.replace(record, notes=file_notes + record.notes)
     return dataclasses.replace(record, diagnosis=diagnose_record(record))
 
 

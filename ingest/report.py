@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pandas as pd
@@ -30,10 +31,21 @@ def _records(frame: pd.DataFrame, fields: list[str]) -> list[dict]:
     return [{f: _clean(v) for f, v in zip(fields, row)} for row in frame[fields].itertuples(index=False)]
 
 
-def build_report(store: Store, run_id: int, rank: int = 0) -> dict:
+RANK_FIELDS = ["rank", "device_name", "steps", "step_ms_median", "busy_ms_median", "comm_ms_median",
+               "wait_ms_median", "last_arrivals", "collectives", "between_steps_ms"]
+
+
+def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
+    """The run's figures for one rank (by default its first: the only one of a single trace,
+    whatever its rank), with the run's notes and, for a multi-rank run, one row per rank."""
     run = store.get_run(run_id)
     if run is None:
         raise IngestError(f"{store.path}: no run with id {run_id}")
+    ranks = store.get_rank_stats(run_id)
+    rank = run["first_rank"] if rank is None else rank
+    known = set(ranks["rank"]) if len(ranks) else {run["first_rank"]}
+    if rank not in known:
+        raise IngestError(f"run {run_id} has no rank {rank} (its ranks: {', '.join(map(str, sorted(known)))})")
     cats = store.get_run_categories(run_id, rank)
     kernels = store.get_kernel_stats(run_id, rank)
     for f in ("launcher", "source"):  # '' in the table means unknown
@@ -43,10 +55,21 @@ def build_report(store: Store, run_id: int, rank: int = 0) -> dict:
                                              "step_method", "step_ms_median", "tok_per_s")}
                | {"layers": _clean(run["layers"]), "ranks": run["ranks"], "rank": rank,
                   "kernels_from_cpu_ops": run["kernels_from_cpu_ops"]},
+        "notes": run["notes"],
         "copy_share": _clean(run["copy_share"]),
         "categories": _records(cats, ["category", "ms_per_step", "share"]),
         "kernels": _records(kernels, KERNEL_FIELDS),
+        "per_rank": _records(ranks, RANK_FIELDS) if len(ranks) > 1 else [],
     }
+
+
+# C0 and C1 control characters (and DEL) but the report's own newlines: kernel and op names come
+# from the trace, and a terminal must not receive escape sequences or bells from a file
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:
@@ -83,4 +106,13 @@ def format_report(report: dict, top: int = 15) -> str:
         )
     if len(report["kernels"]) > top:
         lines.append(f"... {len(report['kernels']) - top} more (--json for all)")
-    return "\n".join(lines)
+    if report["per_rank"]:
+        lines += ["", f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'comm ms':>9} {'wait ms':>9} {'last':>9}"
+                      "  (medians over steps; wait: in collectives for the last rank; last: collectives reached last)"]
+        for q in report["per_rank"]:
+            last = "-" if q["last_arrivals"] is None else f"{q['last_arrivals']}/{q['collectives']}"
+            lines.append(f"{q['rank']:>4} {_fmt(q['step_ms_median'], '9.3f')} {_fmt(q['busy_ms_median'], '9.3f')}"
+                         f" {q['comm_ms_median']:>9.3f} {_fmt(q['wait_ms_median'], '9.3f')} {last:>9}")
+    if report["notes"]:
+        lines += [""] + [f"note: {n}" for n in report["notes"]]
+    return _printable("\n".join(lines))

@@ -66,11 +66,11 @@ def test_step_breakdown_and_means_use_one_colour_per_category(frames):
 
 def test_waterfall_walks_from_a_to_b(frames):
     steps = charts.waterfall_steps(frames["diff"], "A", "B")
-    assert steps["label"].tolist() == ["A", "cast", "idle", "gemm", "elementwise", "norm", "attention", "B"]
+    assert steps["label"].tolist() == ["A", "cast", "gemm", "elementwise", "idle", "norm", "attention", "B"]
     assert steps["kind"].tolist() == ["total", "faster", "faster", "faster", "faster", "slower", "slower", "total"]
-    assert steps.iloc[0].end_ms == pytest.approx(78.051674, abs=1e-5)
-    assert (steps.iloc[1].start_ms, steps.iloc[1].end_ms) == (pytest.approx(78.051674, abs=1e-5),
-                                                              pytest.approx(10.824296, abs=1e-5))
+    assert steps.iloc[0].end_ms == pytest.approx(75.471389, abs=1e-5)  # the steps' GPU time
+    assert (steps.iloc[1].start_ms, steps.iloc[1].end_ms) == (pytest.approx(75.471389, abs=1e-5),
+                                                              pytest.approx(8.244011, abs=1e-5))
     assert steps.iloc[-2].end_ms == pytest.approx(steps.iloc[-1].end_ms)  # the last change lands on B's total
     spec = charts.waterfall_chart(steps).to_dict()
     assert spec["encoding"]["x"]["sort"] == steps["label"].tolist()
@@ -171,3 +171,19 @@ def test_trend_chart_marks_the_first_bad_commit_of_each_change(dashboard_db):  #
 
 def _data_of(spec: dict, layer: dict) -> list[dict]:
     return spec["datasets"][layer["data"]["name"]]  # Altair moves inline data to the top
+
+
+def test_rank_balance_splits_each_ranks_step():
+    # the figures of a TP=2 run: rank 0 spends most of its communication time waiting for rank 1
+    stats = pd.DataFrame({"rank": [0, 1], "step_ms_median": [10.0, 10.0], "busy_ms_median": [9.5, 9.8],
+                          "comm_ms_median": [4.8, 0.6], "wait_ms_median": [4.2, 0.0],
+                          "last_arrivals": [1, 59], "collectives": [60, 60]})
+    parts = charts.rank_balance_parts(stats)
+    got = {(r.rank, r.part): round(r.ms, 6) for r in parts.itertuples()}
+    assert got == {("rank 0", "compute"): 4.7, ("rank 0", "communication"): 0.6,
+                   ("rank 0", "waiting for the last rank"): 4.2, ("rank 0", "idle"): 0.5,
+                   ("rank 1", "compute"): 9.2, ("rank 1", "communication"): 0.6,
+                   ("rank 1", "waiting for the last rank"): 0.0, ("rank 1", "idle"): 0.2}
+    spec = charts.rank_balance_chart(parts).to_dict()
+    assert spec["encoding"]["x"]["stack"] == "zero" and spec["encoding"]["y"]["field"] == "rank"
+    assert spec["encoding"]["color"]["scale"]["domain"][2] == "waiting for the last rank"

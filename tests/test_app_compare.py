@@ -42,7 +42,7 @@ def test_two_runs_full_pool_cast_against_fused(dashboard_db, open_page):  # noqa
     assert tiles[(1, "Copy-kernel share")] == ("6.0 %", "-84.5 pp")
 
     waterfall = json.loads(at.get("vega_lite_chart")[0].proto.spec)
-    assert waterfall["encoding"]["x"]["sort"] == [f"A: run {a}", "cast", "idle", "gemm", "elementwise", "norm",
+    assert waterfall["encoding"]["x"]["sort"] == [f"A: run {a}", "cast", "gemm", "elementwise", "idle", "norm",
                                                   "attention", f"B: run {b}"]
 
     kernels = at.dataframe[0].value

@@ -46,7 +46,7 @@ def test_run_round_trip_and_dedup(tmp_path):
         k = store.get_kernel_stats(run_id)
         assert k.loc[0, "calls_per_step"] == 78.0 and pd.isna(k.loc[0, "bytes_per_call"])
         assert store.count_rows() == {"runs": 1, "steps": 1, "step_categories": 1, "kernel_stats": 1,
-                                      "repos": 1, "commits": 1}
+                                      "repos": 1, "commits": 1, "rank_stats": 0}  # a record without rank figures
 
 
 def test_a_failing_write_leaves_nothing(tmp_path):

@@ -83,7 +83,9 @@ def _case_files(tmp):
         ("only metadata", _write(tmp / "meta.json", json.dumps({"traceEvents": [
             {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]})), [],
          "no GPU kernels and no CPU ops"),
-        ("no steps, no --steps", _write(tmp / "nosteps.json", json.dumps(no_steps)), [], "--steps N"),
+        ("a Chakra execution trace", _write(tmp / "chakra_et.json", json.dumps(
+            {"schema": "1.0.2-chakra.0.0.4", "pid": 1, "time": "x", "start_ts": 1, "nodes": [], "finish_ts": 2})),
+         [], "no 'traceEvents'"),
         ("--steps too many", _write(tmp / "nosteps2.json", json.dumps(no_steps)), ["--steps", "100000"],
          "does not fit"),
         ("missing path", tmp / "absent.json", [], "no such file"),

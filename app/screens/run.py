@@ -3,7 +3,7 @@
 import streamlit as st
 
 from app import charts, data
-from app.kpis import show_run_kpis
+from app.kpis import show_rank_balance, show_run_kpis
 from app.labels import describe_run, describe_workload
 from app.tables import filter_rows, kernel_columns
 from app.traces import list_trace_files, read_bytes_later
@@ -44,10 +44,15 @@ if run["diagnosis"]:
     st.markdown("\n".join(f"- {finding['text']}" for finding in run["diagnosis"]))
     st.caption("Worked out at import from the kernels that take most of the step (on the first rank).")
 
+for note in run["notes"]:
+    st.caption(f"Note: {note}")
+
 ranks = detail["ranks"]
-rank = int(select_in_url("Rank", [str(r) for r in ranks], "rank")) if len(ranks) > 1 else 0
-if rank != 0:
-    detail = data.load(views.get_run_detail, run_id, rank)
+if len(ranks) > 1:
+    show_rank_balance(detail["rank_stats"])
+    rank = int(select_in_url("Rank", [str(r) for r in ranks], "rank", default=str(detail["rank"])))
+    if rank != detail["rank"]:
+        detail = data.load(views.get_run_detail, run_id, rank)
 breakdown, means, kernels, job = detail["breakdown"], detail["means"], detail["kernels"], detail["job"]
 
 st.subheader("Where the step time goes")
@@ -55,9 +60,9 @@ if not breakdown.empty:
     left, right = st.columns([3, 2])
     left.altair_chart(charts.step_breakdown_chart(breakdown))
     right.altair_chart(charts.category_mean_chart(means))
-    st.caption("Kernel time per category in each profiled step; idle is the step's wall time in which no "
-               "kernel ran. Profiled steps run slower than the Step ms above, which is measured without "
-               "the profiler.")
+    st.caption("Kernel time per category in each profiled step; a step lasts from its first kernel's start "
+               "to its last kernel's end, and idle is the part of it in which no kernel ran. Profiled steps "
+               "run slower than the Step ms above, which is measured without the profiler.")
 
 st.subheader("Kernels")
 needle = st.text_input("Filter kernels", placeholder="name, category, launcher op or source line")
