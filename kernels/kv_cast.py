@@ -8,9 +8,18 @@ uint8 is viewed as float8_e4m3fn, never converted.
 The row kernels read how many rows are active from a 1-element device tensor, so a CUDA graph
 captured once stays valid when the batch shrinks: the grid is sized from `rows.numel()` and
 programs past `n_active` do nothing.
+
+The live-row kernels (the end of this file) are what a serving engine needs under CUDA graphs,
+where the buffers are sized for the largest batch a graph was captured for: a bounded grid
+(about `PROGRAMS_PER_SM` programs per SM) whose programs loop up to the live count read on the
+device, so their cost follows the live rows, not the captured buffers; they write the rows
+compacted to the front of a scratch that is at most as large as the pool. The SGLang patch in
+`kernels/patches/` carries a verbatim copy of them.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -260,4 +269,447 @@ def cast_rows_fp8_to_bf16(
     n = _count_active(rows, n_active)
     index = rows[:n]
     out2d[index] = pool2d[index].to(BF16)
+    return out
+
+
+# --- Live-row kernels: a bounded grid whose cost follows the live rows ---------------------
+#
+# Under CUDA graphs every buffer is sized for the captured maximum (SGLang: max_bs x
+# max_context_len kv indices, a [bs, max_pages] page table), and a grid sized from them costs
+# time in every idle program. These kernels launch a fixed grid of at most PROGRAMS_PER_SM
+# programs per SM that loop (grid stride) up to the live count read on the device, so a graph
+# captured once is correct and cheap for any count. They write the live rows compacted to the
+# front of the scratch (contiguous writes move 82-88 % of the copy bandwidth, scattered ones
+# 66-70 %, kernels/BENCHMARKS.md) and publish where each row went: the rows path rewrites the
+# caller's row-id buffer to 0..n-1, the pages path writes a compacted page table.
+#
+# Capacity: the scratch holds `capacity` entries (rows, or pages of PAGE rows). A batch whose
+# requests share prefix pages can reference more entries than the pool has; when the live
+# count exceeds the capacity the kernels cast the rows at their own positions instead (the
+# caller then sizes the scratch like the pool) and leave the row ids as they are.
+
+# Bounded grid: ROWS whole rows per loop iteration; kernels.serving_grid sweeps these on the GPU
+# (16 rows, 32 programs per SM, 4 warps was the best of 12 on the H200, 2026-11-30).
+LIVE_CONFIG = {"ROWS": 16, "PROGRAMS_PER_SM": 32, "num_warps": 4}
+# Page-table index kernel: one program row per request, SPLIT programs each, BLOCK entries a step.
+PAGE_INDEX_CONFIG = {"BLOCK": 1024, "SPLIT": 8, "num_warps": 4}
+
+
+@functools.lru_cache(maxsize=None)
+def _count_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _live_programs(device: torch.device, blocks: int) -> int:
+    """Programs of the bounded grid: at most PROGRAMS_PER_SM per SM (4 under the interpreter)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        limit = _count_sms(index) * LIVE_CONFIG["PROGRAMS_PER_SM"]
+    else:
+        limit = 4
+    return max(1, min(blocks, limit))
+
+
+def _row_tiles(dim: int) -> tuple[int, int]:
+    """(MAIN, TAIL): a power-of-two tile and the power-of-two tile covering the rest of a row."""
+    main = 1 << (dim.bit_length() - 1)
+    tail = 1 << (dim - main - 1).bit_length() if dim > main else 0
+    return main, tail
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _move_rows(pool_ptr, out_ptr, src, dst, mask, pool_stride, out_stride,
+                   DIM: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr):
+        """out[dst[k]] = bf16(pool[src[k]]) where mask[k]: whole rows, a MAIN and a TAIL tile."""
+        m = mask[:, None]
+        s = pool_ptr + src.to(tl.int64)[:, None] * pool_stride
+        d = out_ptr + dst.to(tl.int64)[:, None] * out_stride
+        a = tl.arange(0, MAIN)[None, :]
+        tl.store(d + a, _fp8_to_bf16(tl.load(s + a, mask=m)), mask=m)
+        if TAIL > 0:
+            b = MAIN + tl.arange(0, TAIL)[None, :]
+            if MAIN + TAIL == DIM:  # e.g. 576 = 512 + 64: only whole rows are masked
+                tail_mask = m
+            else:
+                tail_mask = m & (b < DIM)
+            tl.store(d + b, _fp8_to_bf16(tl.load(s + b, mask=tail_mask)), mask=tail_mask)
+
+    @triton.jit
+    def _gather_live_kernel(
+        pool_ptr,
+        rows_ptr,
+        index_ptr,
+        count_ptr,
+        out_ptr,
+        n_max,
+        capacity,
+        pool_stride,
+        out_stride,
+        PAGE: tl.constexpr,
+        WRITE_INDEX: tl.constexpr,
+        ROWS: tl.constexpr,
+        DIM: tl.constexpr,
+        MAIN: tl.constexpr,
+        TAIL: tl.constexpr,
+    ):
+        """Compact gather-cast of n = min(count[0], n_max) live entries, with a bounded grid.
+
+        n <= capacity: out[t] = bf16(pool[rows[t // PAGE] * PAGE + t % PAGE]) for t < n * PAGE
+        (an entry is a row, or a page of PAGE rows), and with WRITE_INDEX index[t] = t.
+        n > capacity (WRITE_INDEX only): out[index[i]] = bf16(pool[index[i]]) for i < n, rows cast
+        at their own positions into a pool-shaped out; index is left as it is.
+        Program p handles blocks p, p + G, ... of ROWS rows (G programs); nothing past n is touched.
+        """
+        n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max)
+        step = tl.num_programs(0)
+        blk = tl.program_id(0).to(tl.int64)
+        if n <= capacity:
+            n_rows = n * PAGE
+            n_blocks = tl.cdiv(n_rows, ROWS)
+            while blk < n_blocks:
+                t = blk * ROWS + tl.arange(0, ROWS)
+                mask = t < n_rows
+                if PAGE == 1:
+                    src = tl.load(rows_ptr + t, mask=mask, other=0).to(tl.int64)
+                else:
+                    page = tl.load(rows_ptr + t // PAGE, mask=mask, other=0).to(tl.int64)
+                    src = page * PAGE + t % PAGE
+                _move_rows(pool_ptr, out_ptr, src, t, mask, pool_stride, out_stride, DIM, MAIN, TAIL)
+                if WRITE_INDEX:
+                    tl.store(index_ptr + t, t, mask=mask)
+                blk += step
+        elif WRITE_INDEX:
+            n_blocks = tl.cdiv(n, ROWS)
+            while blk < n_blocks:
+                i = blk * ROWS + tl.arange(0, ROWS)
+                mask = i < n
+                src = tl.load(index_ptr + i, mask=mask, other=0).to(tl.int64)
+                _move_rows(pool_ptr, out_ptr, src, src, mask, pool_stride, out_stride, DIM, MAIN, TAIL)
+                blk += step
+
+    @triton.jit
+    def _copy_live_kernel(src_ptr, count_ptr, dst_ptr, n_max, BLOCK: tl.constexpr):
+        """dst[i] = src[i] for i < min(count[0], n_max), with a bounded grid."""
+        n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max)
+        step = tl.num_programs(0)
+        blk = tl.program_id(0).to(tl.int64)
+        n_blocks = tl.cdiv(n, BLOCK)
+        while blk < n_blocks:
+            i = blk * BLOCK + tl.arange(0, BLOCK)
+            tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
+            blk += step
+
+    @triton.jit
+    def _index_pages_kernel(
+        table_ptr,
+        seq_lens_ptr,
+        flat_ptr,
+        count_ptr,
+        table_out_ptr,
+        pool_ptr,
+        out_ptr,
+        bs,
+        width,
+        table_stride,
+        table_out_stride,
+        capacity,
+        pool_stride,
+        out_stride,
+        PAGE: tl.constexpr,
+        BS_BLOCK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        ROWS: tl.constexpr,
+        DIM: tl.constexpr,
+        MAIN: tl.constexpr,
+        TAIL: tl.constexpr,
+    ):
+        """The compacted page plan of request b = program_id(0) (axis 1 splits its pages).
+
+        Request b reads pages table[b, :np_b], np_b = min(cdiv(seq_lens[b], PAGE), width);
+        start_b is the sum of np over the requests before b, total the sum over all of them.
+        total <= capacity: flat[start_b + j] = table[b, j] and table_out[b, j] = start_b + j,
+        for _gather_live_kernel to cast flat's pages into the front of out.
+        total > capacity: table_out[b, j] = table[b, j] and this kernel casts those pages at
+        their own positions (out is pool-shaped). Program (0, 0) writes total to count[0].
+        Entries j >= np_b of table_out are not touched.
+        """
+        b = tl.program_id(0)
+        part = tl.program_id(1)
+        parts = tl.num_programs(1)
+        offs = tl.arange(0, BS_BLOCK)
+        lens = tl.load(seq_lens_ptr + offs, mask=offs < bs, other=0).to(tl.int64)
+        pages = tl.minimum(tl.maximum((lens + PAGE - 1) // PAGE, 0), width)
+        total = tl.sum(pages, axis=0)
+        start = tl.sum(tl.where(offs < b, pages, 0), axis=0)
+        n_b = tl.sum(tl.where(offs == b, pages, 0), axis=0)
+        if (b == 0) & (part == 0):
+            tl.store(count_ptr, total)
+        row = table_ptr + b.to(tl.int64) * table_stride
+        row_out = table_out_ptr + b.to(tl.int64) * table_out_stride
+        blk = part.to(tl.int64)
+        if total <= capacity:
+            n_blocks = tl.cdiv(n_b, BLOCK)
+            while blk < n_blocks:
+                j = blk * BLOCK + tl.arange(0, BLOCK)
+                mask = j < n_b
+                tl.store(flat_ptr + start + j, tl.load(row + j, mask=mask), mask=mask)
+                tl.store(row_out + j, start + j, mask=mask)
+                blk += parts
+        else:
+            n_rows = n_b * PAGE
+            n_blocks = tl.cdiv(n_rows, ROWS)
+            while blk < n_blocks:
+                t = blk * ROWS + tl.arange(0, ROWS)
+                mask = t < n_rows
+                page = tl.load(row + t // PAGE, mask=mask, other=0).to(tl.int64)
+                src = page * PAGE + t % PAGE
+                _move_rows(pool_ptr, out_ptr, src, src, mask, pool_stride, out_stride, DIM, MAIN, TAIL)
+                tl.store(row_out + t // PAGE, page, mask=mask & (t % PAGE == 0))
+                blk += parts
+
+
+def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity: int, page: int) -> None:
+    """Launch _gather_live_kernel on [tokens, dim] views; the grid depends on shapes only."""
+    cfg = LIVE_CONFIG
+    dim = pool2d.shape[1]
+    main, tail = _row_tiles(dim)
+    most_rows = min(n_max, capacity) * page
+    if index is not None:
+        most_rows = max(most_rows, n_max)
+    if most_rows == 0:
+        return
+    grid = (_live_programs(pool2d.device, triton.cdiv(most_rows, cfg["ROWS"])),)
+    _gather_live_kernel[grid](
+        pool2d,
+        rows,
+        index if index is not None else rows,  # not read unless WRITE_INDEX
+        count,
+        out2d,
+        n_max,
+        capacity,
+        pool2d.stride(0),
+        out2d.stride(0),
+        PAGE=page,
+        WRITE_INDEX=index is not None,
+        ROWS=cfg["ROWS"],
+        DIM=dim,
+        MAIN=main,
+        TAIL=tail,
+        num_warps=cfg["num_warps"],
+    )
+
+
+def _launch_copy_live(src, count, dst) -> None:
+    """dst[i] = src[i] for i < min(count[0], len(src), len(dst)), with a bounded grid."""
+    n_max = min(src.numel(), dst.numel())
+    if n_max == 0:
+        return
+    block = 1024
+    grid = (_live_programs(src.device, triton.cdiv(n_max, block)),)
+    _copy_live_kernel[grid](src, count, dst, n_max, BLOCK=block, num_warps=4)
+
+
+def _launch_index_pages(table, seq_lens, flat, count, table_out, pool2d, out2d, capacity: int, page: int) -> None:
+    """Launch _index_pages_kernel: grid (requests, SPLIT), fixed by the table's shape."""
+    cfg = PAGE_INDEX_CONFIG
+    bs, width = table.shape
+    dim = pool2d.shape[1]
+    main, tail = _row_tiles(dim)
+    split = cfg["SPLIT"] if table.is_cuda else 2
+    _index_pages_kernel[(bs, split)](
+        table,
+        seq_lens,
+        flat,
+        count,
+        table_out,
+        pool2d,
+        out2d,
+        bs,
+        width,
+        table.stride(0),
+        table_out.stride(0),
+        capacity,
+        pool2d.stride(0),
+        out2d.stride(0),
+        PAGE=page,
+        BS_BLOCK=max(16, triton.next_power_of_2(bs)),
+        BLOCK=cfg["BLOCK"],
+        ROWS=LIVE_CONFIG["ROWS"],
+        DIM=dim,
+        MAIN=main,
+        TAIL=tail,
+        num_warps=cfg["num_warps"],
+    )
+
+
+def _check_count(name: str, count: torch.Tensor, device: torch.device) -> None:
+    if count.numel() != 1 or count.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}: expected a 1-element int32 or int64 tensor")
+    if count.device != device:
+        raise ValueError(f"{name}: on {count.device}, pool on {device}")
+
+
+def _as_rows_2d(name: str, out: torch.Tensor, dim: int, device: torch.device) -> torch.Tensor:
+    """`out` ([rows, dim] or [rows, 1, dim] BF16 with contiguous rows) as a [rows, dim] view."""
+    if out.dtype != BF16 or out.dim() < 2 or out.device != device:
+        raise ValueError(f"{name}: {out.dtype} {tuple(out.shape)} on {out.device}, expected bfloat16 "
+                         f"[rows, {dim}] on {device}")
+    out2d = out.reshape(out.shape[0], -1)
+    if out2d.shape[1] != dim or out2d.stride(1) != 1 or out2d.data_ptr() != out.data_ptr():
+        raise ValueError(f"{name}: {tuple(out.shape)} with strides {out.stride()}, expected rows of "
+                         f"{dim} contiguous elements")
+    return out2d
+
+
+def _check_index_1d(name: str, x: torch.Tensor, device: torch.device) -> None:
+    if x.dtype not in (torch.int32, torch.int64) or x.dim() != 1 or not x.is_contiguous():
+        raise ValueError(f"{name}: dtype {x.dtype}, {x.dim()} dims; expected contiguous 1-D int32 or int64")
+    if x.device != device:
+        raise ValueError(f"{name}: on {x.device}, pool on {device}")
+
+
+def gather_cast_live_rows(
+    pool: torch.Tensor,
+    rows: torch.Tensor,
+    n_active: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    index: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Cast the live rows compacted into `out` with a bounded grid; returns out.
+
+    n = min(n_active[0], len(index) if index is given else len(rows)) rows are live.
+    If n <= len(out): out[i] = bf16(pool[rows[i]]) for i < n, and index[i] = i (index, when
+    given, is the row-id buffer an attention kernel reads: it then reads the compacted rows).
+    Otherwise (more live rows than the scratch: shared prefixes) out must be pool-shaped, and
+    out[index[i]] = bf16(pool[index[i]]) for i < n with index left as it is, so `index` must hold
+    the same row ids as `rows` (`rows` is a copy of it taken before it is rewritten).
+    Rows of out past n (compact) or not referenced (positional) are left untouched.
+
+    pool: [tokens, dim] or [tokens, 1, dim] FP8 or uint8; rows, index: contiguous 1-D int32/int64;
+    n_active: 1-element int32/int64 on the pool's device, read inside the kernel; out: BF16
+    [capacity, dim] or [capacity, 1, dim].
+    """
+    pool2d = _as_pool_2d(pool)
+    dev, dim = pool2d.device, pool2d.shape[1]
+    _check_index_1d("rows", rows, dev)
+    _check_count("n_active", n_active, dev)
+    out2d = _as_rows_2d("out", out, dim, dev)
+    capacity = out2d.shape[0]
+    if index is None:
+        n_max = rows.numel()
+        if capacity < n_max:
+            raise ValueError(f"out: {capacity} rows, fewer than the {n_max} rows that may be live "
+                             "(pass index= for the positional fallback)")
+    else:
+        _check_index_1d("index", index, dev)
+        n_max = index.numel()
+        if capacity < min(n_max, pool2d.shape[0]):
+            raise ValueError(f"out: {capacity} rows; needs min(len(index), pool rows) = "
+                             f"{min(n_max, pool2d.shape[0])} so that any live count fits")
+        if rows.numel() < min(n_max, capacity):
+            raise ValueError(f"rows: {rows.numel()} entries, fewer than the {min(n_max, capacity)} "
+                             "compacted rows out can hold")
+    if _use_triton(pool2d, backend):
+        _launch_gather_live(pool2d, rows, index, n_active, out2d, n_max, capacity, page=1)
+        return out
+    n = max(0, min(int(n_active.reshape(()).item()), n_max))
+    if n <= capacity:
+        out2d[:n] = pool2d[rows[:n].long()].to(BF16)
+        if index is not None:
+            index[:n] = torch.arange(n, device=dev, dtype=index.dtype)
+    else:
+        used = index[:n].long()
+        out2d[used] = pool2d[used].to(BF16)
+    return out
+
+
+def copy_live_indices(
+    src: torch.Tensor, n_active: torch.Tensor, out: torch.Tensor, *, backend: str = "auto"
+) -> torch.Tensor:
+    """out[i] = src[i] for i < min(n_active[0], len(src), len(out)), count read on the device."""
+    _check_index_1d("src", src, src.device)
+    _check_index_1d("out", out, src.device)
+    _check_count("n_active", n_active, src.device)
+    if out.dtype != src.dtype:
+        raise ValueError(f"out: dtype {out.dtype}, src {src.dtype}")
+    if _use_triton(src, backend):
+        _launch_copy_live(src, n_active, out)
+        return out
+    n = max(0, min(int(n_active.reshape(()).item()), src.numel(), out.numel()))
+    out[:n] = src[:n]
+    return out
+
+
+def gather_cast_live_pages(
+    pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    out: torch.Tensor,
+    table_out: torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Cast the pages a paged attention call reads, compacted, and write the compacted table.
+
+    Request b reads pages page_table[b, :np_b], np_b = min(cdiv(seq_lens[b], page_size), width).
+    With total = sum(np_b) and capacity = len(out) // page_size pages:
+    total <= capacity: the pages are cast in request order into the front of out and
+    table_out[b, j] = (pages before request b) + j; total > capacity (shared pages): out must be
+    pool-shaped, each page is cast at its own position and table_out[b, j] = page_table[b, j].
+    table_out[b, j] for j >= np_b and the rest of out are not touched. Returns out.
+
+    pool: [tokens, dim] or [tokens, 1, dim] FP8/uint8 with tokens a multiple of page_size;
+    page_table: [bs, width] int32 with contiguous rows; seq_lens: [>= bs] int32/int64 (device,
+    read inside the kernel); out: BF16 [capacity * page_size, (1,) dim]; table_out: int32, the
+    table's shape, contiguous. Two launches: the index kernel, then the bounded-grid gather.
+    """
+    pool2d = _as_pool_2d(pool)
+    dev, dim = pool2d.device, pool2d.shape[1]
+    if page_size < 1 or pool2d.shape[0] % page_size:
+        raise ValueError(f"page_size: {page_size}, pool has {pool2d.shape[0]} rows (need a multiple)")
+    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.stride(1) != 1:
+        raise ValueError(f"page_table: {page_table.dtype} {tuple(page_table.shape)}, expected int32 "
+                         "[bs, width] with contiguous rows")
+    if page_table.device != dev or seq_lens.device != dev:
+        raise ValueError(f"page_table/seq_lens: on {page_table.device}/{seq_lens.device}, pool on {dev}")
+    bs, width = page_table.shape
+    if seq_lens.dim() != 1 or seq_lens.numel() < bs or seq_lens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"seq_lens: {seq_lens.dtype} {tuple(seq_lens.shape)}, expected 1-D int32/int64 [>= {bs}]")
+    if table_out.dtype != torch.int32 or table_out.shape != page_table.shape or not table_out.is_contiguous():
+        raise ValueError(f"table_out: {table_out.dtype} {tuple(table_out.shape)}, expected contiguous "
+                         f"int32 {tuple(page_table.shape)}")
+    out2d = _as_rows_2d("out", out, dim, dev)
+    capacity = out2d.shape[0] // page_size
+    pool_pages = pool2d.shape[0] // page_size
+    if capacity < min(bs * width, pool_pages):
+        raise ValueError(f"out: {capacity} pages; needs min(bs * width, pool pages) = "
+                         f"{min(bs * width, pool_pages)} so that any live count fits")
+    if bs == 0 or width == 0:
+        return out
+    if _use_triton(pool2d, backend):
+        flat = torch.empty(max(1, min(capacity, bs * width)), dtype=torch.int32, device=dev)
+        count = torch.empty(1, dtype=torch.int32, device=dev)
+        _launch_index_pages(page_table, seq_lens, flat, count, table_out, pool2d, out2d, capacity, page_size)
+        _launch_gather_live(pool2d, flat, None, count, out2d, bs * width, capacity, page=page_size)
+        return out
+    lens = seq_lens[:bs].long().clamp(min=0)
+    pages = ((lens + page_size - 1) // page_size).clamp(max=width).tolist()
+    pool_paged = pool2d.view(pool_pages, page_size * dim)
+    out_paged = out2d[: capacity * page_size].view(capacity, page_size * dim)
+    compact = sum(pages) <= capacity
+    start = 0
+    for b, n_b in enumerate(pages):
+        used = page_table[b, :n_b].long()
+        if compact:
+            out_paged[start : start + n_b] = pool_paged[used].to(BF16)
+            table_out[b, :n_b] = torch.arange(start, start + n_b, dtype=torch.int32, device=dev)
+        else:
+            out_paged[used] = pool_paged[used].to(BF16)
+            table_out[b, :n_b] = page_table[b, :n_b]
+        start += n_b
     return out

@@ -13,7 +13,8 @@ except ImportError:  # the GPU machine may lack pytest; gpu_suite then calls the
 
 import torch
 
-from kernels.kv_cast import FP8, cast_fp8_to_bf16, cast_rows_fp8_to_bf16, gather_cast_fp8_to_bf16
+from kernels.kv_cast import FP8, cast_fp8_to_bf16, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_fp8_to_bf16
+from kernels.kv_cast import gather_cast_live_pages, gather_cast_live_rows
 from kernels.workload import KV_STRATEGIES, DecodeWorkload, build_model, fill_fp8_pool, get_config
 
 
@@ -96,3 +97,74 @@ def test_tiny_strategies_agree_eager_and_graph():
     assert torch.isfinite(want).all()
     for key, got in outputs.items():
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2, msg=f"{key} differs from eager full-pool-cast")
+
+
+def assert_same_outputs(got: list, want: list) -> None:
+    for g, w in zip(got, want):
+        if g.dtype == torch.bfloat16:
+            assert_bits_equal(g, w)
+        else:
+            assert torch.equal(g, w)
+
+
+def test_live_rows_and_pages_match_torch_bit_for_bit():
+    """Compact and overflow modes, page sizes 1 and 64; untouched rows and entries compared too."""
+    pool = random_pool(tokens=12_800)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for n_index, count in ((6_000, 4_000), (6_000, 0), (30_000, 20_000)):
+        index = torch.randint(0, 12_800, (n_index,), generator=gen, device="cuda", dtype=torch.int32)
+        index[:16] = torch.arange(16, device="cuda")
+        cap = min(n_index, 12_800)
+        rows = index[:cap].clone()
+        outs = {}
+        for backend in ("triton", "torch"):
+            out, idx = torch.full((cap, 576), -2.0, dtype=torch.bfloat16, device="cuda"), index.clone()
+            gather_cast_live_rows(pool, rows, torch.tensor([count], device="cuda"), out, index=idx, backend=backend)
+            outs[backend] = [out, idx]
+        assert_same_outputs(outs["triton"], outs["torch"])
+    for page in (1, 64):
+        for bs, width, scale in ((6, 12_800 // page // 8, 0.5), (8, 12_800 // page // 2, 1.0)):
+            table = torch.randint(0, 12_800 // page, (bs, width), generator=gen, device="cuda", dtype=torch.int32)
+            lens = (torch.rand(bs, generator=gen, device="cuda") * scale * width * page).to(torch.int32)
+            cap = min(bs * width, 12_800 // page)
+            outs = {}
+            for backend in ("triton", "torch"):
+                out = torch.full((cap * page, 576), -2.0, dtype=torch.bfloat16, device="cuda")
+                table_out = torch.full_like(table, -1)
+                gather_cast_live_pages(pool, table, lens, page, out, table_out, backend=backend)
+                outs[backend] = [out, table_out]
+            assert_same_outputs(outs["triton"], outs["torch"])
+
+
+def test_live_kernels_one_graph_replayed_with_other_rows_and_counts():
+    pool = random_pool(tokens=8_192)
+    n_index, bs, width, page = 20_000, 4, 64, 64
+    index = torch.zeros(n_index, dtype=torch.int32, device="cuda")
+    rows = torch.zeros(8_192, dtype=torch.int32, device="cuda")
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    table = torch.zeros(bs, width, dtype=torch.int32, device="cuda")
+    lens = torch.zeros(bs, dtype=torch.int32, device="cuda")
+    outs = [torch.zeros(8_192, 576, dtype=torch.bfloat16, device="cuda"), index,
+            torch.zeros(min(bs * width, 8_192 // page) * page, 576, dtype=torch.bfloat16, device="cuda"),
+            torch.zeros(bs, width, dtype=torch.int32, device="cuda")]
+
+    def body(backend="triton", o=outs):
+        gather_cast_live_rows(pool, rows, count, o[0], index=o[1], backend=backend)
+        gather_cast_live_pages(pool, table, lens, page, o[2], o[3], backend=backend)
+
+    body()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for n_live, scale in ((5_000, 0.2), (0, 0.0), (9_000, 1.0), (300, 0.05)):
+        index.copy_(torch.randint(0, 8_192, (n_index,), generator=gen, device="cuda", dtype=torch.int32))
+        count.fill_(n_live)
+        copy_live_indices(index, count, rows)
+        table.copy_(torch.randint(0, 8_192 // page, (bs, width), generator=gen, device="cuda", dtype=torch.int32))
+        lens.copy_((torch.rand(bs, generator=gen, device="cuda") * scale * width * page).to(torch.int32))
+        want = [t.clone() for t in outs]
+        body("torch", want)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_outputs(outs, want)

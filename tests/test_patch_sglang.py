@@ -30,8 +30,12 @@ NEW_MODULE = "python/sglang/srt/layers/attention/mla_kv_cast.py"
 FLASHINFER_MLA = "python/sglang/srt/layers/attention/flashinfer_mla_backend.py"
 FLASHATTENTION = "python/sglang/srt/layers/attention/flashattention_backend.py"
 WHOLE_POOL_CAST = "get_key_buffer(layer.layer_id).to(q.dtype)"
-# Functions of kernels/kv_cast.py that the patch's new module copies verbatim.
-SHARED_FUNCTIONS = ("_fp8_to_bf16", "_gather_cast_kernel", "_launch_gather")
+# Definitions of kernels/kv_cast.py that the patch's new module copies verbatim
+# (kernels/patches/sync_kernel_copy.py writes them; this test checks them independently).
+SHARED_FUNCTIONS = ("_count_sms", "_live_programs", "_row_tiles", "_fp8_to_bf16", "_move_rows",
+                    "_gather_live_kernel", "_copy_live_kernel", "_index_pages_kernel",
+                    "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
+SHARED_CONSTANTS = ("LIVE_CONFIG", "PAGE_INDEX_CONFIG")
 
 # pip's messages when no index can be reached (DNS, refused or reset connections, proxies).
 _OFFLINE = re.compile(
@@ -197,8 +201,9 @@ def test_patch_applies_cleanly_and_compiles(patched_tree: Path):
 
 
 def test_patch_removes_whole_pool_cast_from_mla_decode(sglang_tree: Path, patched_tree: Path):
-    cases = [(FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_decode", "gather_cast_mla_kv_rows"),
-             (FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_extend", "gather_cast_mla_kv_rows"),
+    cases = [(FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_decode", "mla_kv_live_rows.gather_cast("),
+             (FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_extend",
+              "mla_kv_live_rows_prefill.gather_cast("),
              (FLASHATTENTION, "FlashAttentionBackend", "forward_decode", "gather_cast_mla_kv_pages"),
              (FLASHATTENTION, "FlashAttentionBackend", "forward_extend", "gather_cast_mla_kv_pages")]
     for rel, cls, fn, helper in cases:
@@ -212,8 +217,22 @@ def test_patch_removes_whole_pool_cast_from_mla_decode(sglang_tree: Path, patche
         assert ".to(q.dtype)" in after
 
 
+def test_patch_saves_row_ids_after_every_flashinfer_plan(sglang_tree: Path, patched_tree: Path):
+    """forget() before planning and save() after it, in both indices updaters: a wrapper's row ids
+    are never used from an earlier plan or from a plan that skipped the save."""
+    after = (patched_tree / FLASHINFER_MLA).read_text()
+    for cls, attr in (("FlashInferMLAIndicesUpdaterDecode", "mla_kv_live_rows"),
+                      ("FlashInferMLAIndicesUpdaterPrefill", "mla_kv_live_rows_prefill")):
+        body = _function_source(after, "call_begin_forward", cls)
+        assert f"self.attn_backend.{attr}" in body, cls
+        forget, plan, save = body.index("live_rows.forget()"), body.rindex(".plan("), body.rindex("live_rows.save(")
+        assert forget < plan < save, cls
+    init = _function_source(after, "__init__", "FlashInferMLAAttnBackend")
+    assert "MLAKVLiveRows(self.token_to_kv_pool)" in init
+
+
 def test_patch_kernel_is_kv_cast_verbatim():
-    """The patch's new module copies kernels/kv_cast.py's gather-cast kernel and launcher."""
+    """The patch's new module copies kernels/kv_cast.py's live-row kernels and launchers."""
     if not KV_CAST.is_file():
         pytest.skip("kernels/kv_cast.py does not exist: nothing to compare the patch's kernel with")
     ours = KV_CAST.read_text()
@@ -222,48 +241,85 @@ def test_patch_kernel_is_kv_cast_verbatim():
         pytest.skip(f"kernels/kv_cast.py lacks {absent}: nothing to compare the patch's kernel with")
     module = _new_file_from_patch(PATCH.read_text(), NEW_MODULE)
     assert "----- begin: verbatim from stepwatch kernels/kv_cast.py -----" in module
+    sync = "run kernels/patches/sync_kernel_copy.py to copy kv_cast.py's version into the patch"
     for name in SHARED_FUNCTIONS:
         assert _function_source(module, name) == _function_source(ours, name), (
-            f"{name} in {NEW_MODULE} (inside the patch) differs from kernels/kv_cast.py: "
-            "copy kv_cast.py's version into the patch's verbatim block")
-    # The rows entry point launches the shared kernel with SAME_ROWS (out[rows[i]] = ...).
-    entry = _function_source(module, "cast_rows_fp8_to_bf16")
-    assert "_launch_gather(" in entry and "same_rows=True" in entry
+            f"{name} in {NEW_MODULE} (inside the patch) differs from kernels/kv_cast.py: {sync}")
+    for name in SHARED_CONSTANTS:
+        line = re.compile(rf"^{name} = .*$", re.M)
+        assert line.search(module).group(0) == line.search(ours).group(0), f"{name}: {sync}"
+    # The entry points launch the shared kernels.
+    pages = _function_source(module, "gather_cast_mla_kv_pages")
+    assert "_launch_index_pages(" in pages and "_launch_gather_live(" in pages
+    assert "_launch_copy_live(" in _function_source(module, "save", "MLAKVLiveRows")
+    assert "_launch_gather_live(" in _function_source(module, "gather_cast", "MLAKVLiveRows")
 
 
 _KERNEL_CHECK = r'''
-import importlib.util, sys, torch
+import importlib.util, sys, types, torch
 spec = importlib.util.spec_from_file_location("mla_kv_cast", sys.argv[1])
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
 dev = sys.argv[2]
+if dev == "cpu":  # the module only runs on CUDA in SGLang; here Triton's interpreter runs it
+    m._DEVICE_TYPES = ("cuda", "cpu")
 torch.manual_seed(0)
+FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 
 def same(a, b):  # bit-exact, NaN where NaN
     return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
 
 N, D = 1024, 576
-pool = torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, device=dev)
-ref = pool.view(torch.float8_e4m3fn).to(torch.bfloat16)
-rows = torch.randperm(N, device=dev)[:300].to(torch.int32)
-buf = torch.cat([rows, torch.randint(0, N, (200,), dtype=torch.int32, device=dev)])  # stale tail
-out = torch.zeros(N, 1, D, dtype=torch.bfloat16, device=dev)
-m.cast_rows_fp8_to_bf16(pool, buf, torch.tensor([300], dtype=torch.int32, device=dev), out)
-r = rows.long()
-assert same(out[r], ref[r]), "rows: wrong values"
-keep = torch.ones(N, dtype=torch.bool, device=dev); keep[r] = False
-assert (out[keep] == 0).all(), "rows: touched rows past n_active"
+pool = torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, device=dev).view(FP8)
+ref = pool.to(BF16)
 
-ps = 4
-table = torch.randint(0, N // ps, (3, 50), dtype=torch.int32, device=dev)
-seq = torch.tensor([7, 0, 101], dtype=torch.int32, device=dev)
-out = torch.zeros(N, 1, D, dtype=torch.bfloat16, device=dev)
-m.cast_pages_fp8_to_bf16(pool.view(torch.float8_e4m3fn), table, seq, ps, out)
-touched = torch.zeros(N // ps, dtype=torch.bool, device=dev)
-for b in range(3):
-    touched[table[b, : (int(seq[b]) + ps - 1) // ps].long()] = True
-o, rf = out.view(N // ps, -1), ref.view(N // ps, -1)
-assert same(o[touched], rf[touched]), "pages: wrong values"
-assert (o[~touched] == 0).all(), "pages: touched pages no request reads"
+# FA3 path: compacted pages and table, then the overflow (more live pages than the pool has)
+for ps, seq in ((1, [7, 0, 101]), (4, [7, 0, 101]), (4, [160] * 8)):
+    bs = len(seq)
+    table = torch.randint(0, N // ps, (bs, 40), dtype=torch.int32, device=dev)
+    lens = torch.tensor(seq, dtype=torch.int32, device=dev)
+    out, table_out = m.gather_cast_mla_kv_pages(pool, table, lens, ps)
+    pages = [min((s + ps - 1) // ps, 40) for s in seq]
+    compact = sum(pages) <= out.shape[0] // ps
+    o, r = out.view(-1, ps, D), ref.view(-1, ps, D)
+    start = 0
+    for b, n in enumerate(pages):
+        t = table_out[b, :n].long()
+        want_t = torch.arange(start, start + n, device=dev) if compact else table[b, :n].long()
+        assert torch.equal(t, want_t), ("table", ps, seq, b)
+        assert same(o[t], r[table[b, :n].long()]), ("pages", ps, seq, b)
+        start += n
+    assert compact == (sum(pages) <= 40 * bs and sum(pages) <= N // ps), (ps, seq)
+
+# flashinfer path: save() after a plan, gather_cast() in the forward
+fake_pool = types.SimpleNamespace(dtype=FP8, size=N - 1, page_size=1)
+live = m.MLAKVLiveRows(fake_pool)
+def wrapper(index, backend="fa3", graph=True):  # stand-in for flashinfer's planned wrapper
+    return types.SimpleNamespace(_kv_indices_buf=index, _planned_backend_name=backend, _use_cuda_graph=graph)
+index = torch.randint(0, N, (700,), dtype=torch.int32, device=dev)
+rows = index.clone()
+w = wrapper(index)
+live.save(w, torch.tensor([300], dtype=torch.int32, device=dev))
+assert live.gather_cast(wrapper(index), pool, BF16) is None, "another wrapper's plan was used"
+out = live.gather_cast(w, pool, BF16)
+assert out.shape == (700, 1, D) and same(out[:300], ref[rows[:300].long()]), "rows: wrong values"
+assert torch.equal(index[:300], torch.arange(300, dtype=torch.int32, device=dev)), "rows: index not rewritten"
+assert torch.equal(index[300:], rows[300:]), "rows: index past the live count touched"
+live.forget()
+assert live.gather_cast(w, pool, BF16) is None, "forget() kept the plan"
+big = torch.randint(0, N, (3000,), dtype=torch.int32, device=dev)  # shared prefixes: more rows than the pool
+before = big.clone()
+w = wrapper(big)
+live.save(w, torch.tensor([2500], dtype=torch.int32, device=dev))
+out = live.gather_cast(w, pool, BF16)
+used = before[:2500].long()
+assert out.shape[0] == N and same(out[used], ref[used]) and torch.equal(big, before), "overflow"
+assert live.gather_cast(w, pool, torch.float16) is None, "a float16 query was given BF16 rows"
+for bad in (wrapper(index, backend="trtllm-gen"), wrapper(index, backend=None)):
+    live.save(bad, torch.tensor([10], dtype=torch.int32, device=dev))
+    assert live.gather_cast(bad, pool, BF16) is None, "a non-FA plan was used"
+eager = wrapper(index.clone(), graph=True)
+live.save(eager, torch.tensor([10], dtype=torch.int32, device=dev), cuda_graph_ok=False)
+assert live.gather_cast(eager, pool, BF16) is None, "a graph wrapper passed cuda_graph_ok=False"
 print("ok")
 '''
 

@@ -1,11 +1,12 @@
-"""Copy kernels/kv_cast.py's gather-cast (GATHER_CONFIG, _fp8_to_bf16, _gather_cast_kernel,
-_launch_gather) into the SGLang patch's verbatim block and fix the new file's hunk length.
+"""Copy kernels/kv_cast.py's live-row kernels and launchers (SHARED, in that order) into the
+SGLang patch's verbatim block and fix the new file's hunk length.
 
     python kernels/patches/sync_kernel_copy.py
 
-tests/test_patch_sglang.py fails until the two copies agree; run this after changing the kernel.
+tests/test_patch_sglang.py fails until the two copies agree; run this after changing the kernels.
 """
 
+import ast
 import re
 import textwrap
 from pathlib import Path
@@ -14,20 +15,33 @@ HERE = Path(__file__).resolve().parent
 KV_CAST = HERE.parent / "kv_cast.py"
 PATCH = HERE / "sglang-0.5.23-mla-gather-then-cast.patch"
 BEGIN, END = "begin: verbatim from stepwatch", "end: verbatim from stepwatch"
+# Definitions of kernels/kv_cast.py that the patch's mla_kv_cast.py carries, in this order.
+SHARED = ("LIVE_CONFIG", "PAGE_INDEX_CONFIG", "_count_sms", "_live_programs", "_row_tiles",
+          "_fp8_to_bf16", "_move_rows", "_gather_live_kernel", "_copy_live_kernel", "_index_pages_kernel",
+          "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
 
 
-def cut(src: str, start: str, stop: str) -> str:
-    i = src.index(start)
-    return src[i:src.index(stop, i + len(start))].rstrip() + "\n"
+def find_definition(source: str, name: str) -> str:
+    """Dedented source of the function (decorators included) or assignment called `name`,
+    with the comment lines right above it."""
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            start = node.lineno
+        else:
+            continue
+        while start > 1 and lines[start - 2].strip().startswith("#"):
+            start -= 1
+        return textwrap.dedent("\n".join(lines[start - 1 : node.end_lineno]))
+    raise LookupError(f"{KV_CAST.name} has no definition of {name!r}")
 
 
 def build_block(kv: str) -> list[str]:
-    config = re.search(r"^GATHER_CONFIG = .*$", kv, re.M).group(0)
-    fp8 = textwrap.dedent(cut(kv, "    @triton.jit\n    def _fp8_to_bf16", "    @triton.jit\n    def _cast_kernel"))
-    kernel = textwrap.dedent(cut(kv, "    @triton.jit\n    def _gather_cast_kernel", "def _use_triton("))
-    launch = cut(kv, "def _launch_gather(", "def gather_cast_fp8_to_bf16(")
-    text = f"{config}\n\n\n{fp8}\n\n{kernel}\n\n{launch}\n\n"
-    return ["+" + line for line in text.rstrip("\n").split("\n")] + ["+", "+"]
+    parts = [find_definition(kv, name) for name in SHARED]
+    text = "\n\n\n".join(parts) + "\n"
+    return ["+" + line if line else "+" for line in text.rstrip("\n").split("\n")] + ["+", "+"]
 
 
 def main() -> None:
