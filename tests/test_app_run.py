@@ -3,6 +3,8 @@ H200 measured them, its kernels, its trace for Perfetto; a job's log; a CPU-only
 
 import json
 
+from ingest.cli import main
+from tests.helpers import DATA
 from tests.test_app_fixtures import dashboard_db, find_run_id, open_page  # noqa: F401  (fixtures)
 
 
@@ -85,3 +87,31 @@ def test_the_diagnosis_of_the_eager_full_pool_cast_run(dashboard_db, open_page):
     assert lines[3].startswith("- 855 MB per call is the whole 495,000 x 576 FP8 KV pool of a layer")
     assert lines[5].startswith("- If this kernel went away and nothing else changed, a step would take 7.36 ms "
                                "instead of 75.1 ms: 136 tok/s instead of 13.3 (10.2x)")
+
+
+def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, open_page):  # noqa: F811
+    # the real TP=2 capture from the H200s (tests/data/h200/tp2), imported as a user would
+    db = tmp_path / "tp2.duckdb"
+    assert main(["import", str(DATA / "h200" / "tp2"), "--db", str(db)]) == 0
+    at = open_page(db, "run", run="1")
+    assert not at.exception
+    assert [s.value for s in at.subheader][:3] == ["Diagnosis", "Ranks", "Where the step time goes"]
+    ranks = at.dataframe[0].value
+    assert ranks["rank"].tolist() == [0, 1] and ranks["last_arrivals"].tolist()[1] >= 30
+    assert any(c.value.startswith("Rank 1 reaches") and "the other ranks wait for it" in c.value for c in at.caption)
+    parts = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    assert parts["encoding"]["y"]["field"] == "rank"
+    assert at.selectbox(key="url_rank").value == "0"
+    at.selectbox(key="url_rank").set_value("1").run()
+    assert not at.exception and at.query_params["rank"] in ("1", ["1"])
+    assert any(c.value.startswith("Note: rank 1 reached") for c in at.caption)
+
+
+def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):  # noqa: F811
+    db = tmp_path / "r1.duckdb"
+    assert main(["import", str(DATA / "wild" / "hta__trace_compare__base.json.gz"), "--db", str(db)]) == 0
+    at = open_page(db, "run", run="1")
+    assert not at.exception
+    kernels = at.dataframe[0].value  # rank 1's kernels: the only rank there is, no rank selector
+    assert len(kernels) == 7 and kernels["name"].str.contains("Memcpy|kernel", case=False).any()
+    assert not [s for s in at.selectbox if s.key == "url_rank"]
