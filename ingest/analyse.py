@@ -54,6 +54,7 @@ class Kernels:
     bytes_per_call: np.ndarray  # float, NaN when unknown
     dtypes_differ: np.ndarray  # bool
     from_cpu_ops: bool
+    set_aside: int = 0  # kernels (or CPU ops) whose time could not be real: negative, non-finite, > a day
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,21 @@ class RankFigures:
     comm_step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
+MAX_RANK = 1 << 20  # more ranks than any job has run: a larger "rank" is not one
+
+
 def find_rank(trace: RawTrace) -> int:
+    """The trace's rank: its distributedInfo.rank, else a rank in its file name (`-TP-3`,
+    `rank3`, `rank-3`, `rank_3`), else 0; never the GPU index its kernels ran on."""
     info = trace.header.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return info["rank"]
-    m = re.search(r"-TP-(\d+)|rank[-_]?(\d+)", Path(trace.path).name)
-    return int(m.group(1) or m.group(2)) if m else 0
+    if isinstance(info, dict) and isinstance(info.get("rank"), int) and not isinstance(info.get("rank"), bool):
+        rank, where = info["rank"], "distributedInfo.rank"
+    else:
+        m = re.search(r"-TP-(\d+)|rank[-_]?(\d+)", Path(trace.path).name)
+        rank, where = (int(m.group(1) or m.group(2)), "the rank in its file name") if m else (0, "")
+    if not 0 <= rank < MAX_RANK:
+        raise TraceError(trace.path, f"{where} is {rank}: not a rank (0 to {MAX_RANK - 1:,})")
+    return rank
 
 
 def find_device_name(trace: RawTrace) -> str | None:
@@ -154,6 +164,15 @@ def _shape_facts(trace: RawTrace, op_events: np.ndarray) -> tuple[np.ndarray, np
     return nbytes, mixed
 
 
+# no GPU kernel or CPU op of a profiled step lasts a day: a longer duration is a broken record
+MAX_EVENT_US = 86_400e6
+
+
+def _sane_times(trace: RawTrace) -> np.ndarray:
+    """Whether each event's start and duration can be real: finite, not negative, under a day."""
+    return np.isfinite(trace.ts_us) & np.isfinite(trace.dur_us) & (trace.dur_us >= 0) & (trace.dur_us <= MAX_EVENT_US)
+
+
 def link_kernels(trace: RawTrace) -> Kernels:
     """Find every kernel's launch, launching op, Python source and the op's bytes."""
     kind = trace.kind
@@ -163,6 +182,13 @@ def link_kernels(trace: RawTrace) -> Kernels:
     # torch before 1.11 recorded ProfilerStep#N as an op: it is a step marker, not an op
     ops = ops[~_names_matching(trace, _STEP_NAME)[trace.name_id[ops]]]
     gpu = np.flatnonzero((kind == K["kernel"]) | (kind == K["gpu_memcpy"]) | (kind == K["gpu_memset"]))
+    # events whose time cannot be real are set aside (and counted), not summed into figures
+    sane = _sane_times(trace)
+    set_aside = int((~sane[gpu]).sum()) if len(gpu) else int((~sane[ops]).sum())
+    if len(gpu) and not sane[gpu].any():
+        raise TraceError(trace.path, f"none of its {len(gpu)} GPU kernels has a duration that can be real "
+                                     "(negative, non-finite or over a day)")
+    gpu, ops = gpu[sane[gpu]], ops[sane[ops]]
     op_nest = Nesting.build(trace.thread_id[ops], trace.ts_us[ops], trace.ts_us[ops] + trace.dur_us[ops])
 
     if len(gpu) == 0:
@@ -194,7 +220,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
         nbytes, mixed = _shape_facts(trace, ev)
         source = _python_sources(trace, frames, trace.thread_id[ev], trace.ts_us[ev])
         return Kernels(ev, trace.ts_us[ev], self_us[order], trace.ts_us[ev], names[trace.name_id[ev]],
-                       source, nbytes, mixed, True)
+                       source, nbytes, mixed, True, set_aside)
 
     gpu = gpu[np.argsort(trace.ts_us[gpu], kind="stable")]
     launches = np.flatnonzero(((kind == K["cuda_runtime"]) | (kind == K["cuda_driver"])) & (trace.correlation >= 0))
@@ -204,7 +230,9 @@ def link_kernels(trace: RawTrace) -> Kernels:
     j = np.searchsorted(lcorr, kcorr)
     linked = (j < len(lcorr)) & (kcorr >= 0)
     linked[linked] = lcorr[j[linked]] == kcorr[linked]
-    launch = np.where(linked, launches[np.minimum(j, len(launches) - 1)], -1)
+    # (a trace recorded with activities=[CUDA] only has kernels and no launches at all)
+    launch = np.full(len(gpu), -1, np.int64)
+    launch[linked] = launches[j[linked]]
 
     lthread = trace.thread_id[np.maximum(launch, 0)]
     lts = trace.ts_us[np.maximum(launch, 0)]
@@ -230,7 +258,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
     source[linked] = _python_sources(trace, frames, lthread[linked], lts[linked])
     query = np.where(linked, lts, trace.ts_us[gpu])
     return Kernels(gpu, trace.ts_us[gpu], trace.dur_us[gpu], query, launcher.astype(object), source,
-                   nbytes, mixed, False)
+                   nbytes, mixed, False, set_aside)
 
 
 def _spans(trace: RawTrace, pattern: re.Pattern, kinds: tuple[str, ...]) -> np.ndarray:
@@ -301,6 +329,12 @@ def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> 
     graphs covers only the launch of the replay. A step without kernels keeps its host span;
     a CPU-only trace, whose CPU ops are the activity, is timed by its host spans."""
     method, step, host_us, notes = _find_steps(trace, kernels, given_steps)
+    if method in ("profiler-step", "span") and len(step) and not (step >= 0).any():
+        # markers that hold none of the kernels (zero-length, or far from them) time nothing:
+        # read the trace as one step rather than report empty steps
+        notes = [f"its {len(host_us)} step markers ({method}) hold none of its kernels (zero-length or far from "
+                 "them): the whole profiled window is read as one step instead"]
+        method, step, host_us = "whole-trace", np.zeros(len(step), np.int64), np.full(1, math.nan)
     n = len(host_us)
     wall = host_us.copy()
     if not kernels.from_cpu_ops or np.isnan(wall).any():
@@ -423,6 +457,16 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         unit = "CPU ops" if kernels.from_cpu_ops else "kernels"
         notes.append(f"{int(between.sum())} {unit} ({float(dur[between].sum()) / 1e3:.3f} ms) ran between steps: "
                      "counted in the kernel table's calls and time, not in any step")
+    if not kernels.from_cpu_ops and len(kernels.event) and not (kernels.launcher != "").any():
+        notes.append("no kernel could be linked to its launch (the trace has no correlation ids or no launch "
+                     "events, e.g. profiled with activities=[CUDA] only): launcher and Python source are unknown, "
+                     "and kernels are placed in steps by their start time")
+    if kernels.set_aside:
+        unit = "CPU ops" if kernels.from_cpu_ops else "kernels"
+        notes.append(f"{kernels.set_aside} {unit} with a negative, non-finite or longer-than-a-day duration were "
+                     "set aside: they are in no figure")
+    if trace.ids_out_of_range:
+        notes.append(f"{trace.ids_out_of_range} correlation or External ids beyond 64 bits were read as absent")
     if trace.repaired_bytes:
         notes.append(f"{trace.repaired_bytes} bytes of raw control characters or invalid UTF-8 in names "
                      "were read as spaces / U+FFFD (JSON forbids them; torch's profiler wrote them)")

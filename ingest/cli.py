@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ from .errors import IngestError
 from .importer import ImportOptions, prepare_import
 from .progress import Progress
 from .report import build_report, format_report
+from .trace_read import DEFAULT_LIMITS
 from .runs.errors import RunError, SpecError
 from .runs.git import list_first_parent
 from .runs.repos import ROOT as REPO_ROOT, locate_repo
@@ -67,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--repo-path", metavar="PATH",
                      help="a git checkout holding the commit, to record its date, author, subject and order "
                           "(default: this checkout, for runs of the stepwatch repo)")
+    imp.add_argument("--max-trace-mb", type=_positive_int, metavar="MB", default=DEFAULT_LIMITS.max_bytes >> 20,
+                     help=f"refuse a trace of more JSON than this (default {DEFAULT_LIMITS.max_bytes >> 20:,} MB)")
+    imp.add_argument("--max-events", type=_positive_int, metavar="N", default=DEFAULT_LIMITS.max_events,
+                     help=f"refuse a trace of more events than this (default {DEFAULT_LIMITS.max_events:,})")
 
     run = sub.add_parser("run", help="run a benchmark now (recorded as a job) and import its result")
     _add_spec_arguments(run)
@@ -335,8 +341,9 @@ def run_check(args) -> int:
 
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
+    limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=args.max_trace_mb << 20, max_events=args.max_events)
     opts = ImportOptions(repo=args.repo, commit=args.commit, variant=args.variant, layers=args.layers,
-                         tok_per_s=args.tok_per_s, steps=args.steps)
+                         tok_per_s=args.tok_per_s, steps=args.steps, limits=limits)
     record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
     facts = _commit_facts(record.commit, record.repo, args.repo_path)
     with open_db(args.db) as store:

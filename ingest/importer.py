@@ -21,7 +21,7 @@ from .analyse import RankFigures, analyse_trace
 from .categories import Rule
 from .errors import IngestError, TraceError
 from .ranks import find_waits
-from .trace_read import read_trace
+from .trace_read import DEFAULT_LIMITS, ReadLimits, read_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # workload fields that say how a run was measured or which variant it is, not what it ran
@@ -41,6 +41,7 @@ class ImportOptions:
     tok_per_s: float | None = None
     steps: int | None = None
     job_id: int | None = None
+    limits: ReadLimits = DEFAULT_LIMITS
 
 
 def check_label(field: str, value: str | None) -> str | None:
@@ -98,8 +99,9 @@ def hash_traces(files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def analyse_files(files: list[Path], rules: list[Rule], steps: int | None) -> list[RankFigures]:
-    figures = [analyse_trace(read_trace(f), rules, steps) for f in files]
+def analyse_files(files: list[Path], rules: list[Rule], steps: int | None,
+                  limits: ReadLimits = DEFAULT_LIMITS) -> list[RankFigures]:
+    figures = [analyse_trace(read_trace(f, limits=limits), rules, steps) for f in files]
     ranks = [f.rank for f in figures]
     if len(set(ranks)) != len(ranks):
         raise IngestError(f"{files[0].parent}: several traces claim the same rank ({sorted(ranks)})")
@@ -209,7 +211,7 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions) -> 
     files, manifest, file_notes = find_traces(path)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
     content_hash = hash_traces(files)
-    figures = analyse_files(files, rules, steps)
+    figures = analyse_files(files, rules, steps, opts.limits)
     record = build_record(path, files, figures, manifest, opts, content_hash)
     record = dataclasses.replace(record, notes=file_notes + record.notes)
     return dataclasses.replace(record, diagnosis=diagnose_record(record))

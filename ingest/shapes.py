@@ -25,7 +25,7 @@ def summarise_shape(dims_json: bytes, types_json: bytes) -> tuple[float, bool]:
     try:
         dims = json.loads(dims_json)
         types = json.loads(types_json)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the decoder's depth
         return math.nan, False
     if not isinstance(dims, list) or not isinstance(types, list):
         return math.nan, False
@@ -39,6 +39,6 @@ def summarise_shape(dims_json: bytes, types_json: bytes) -> tuple[float, bool]:
             continue
         seen_types.add(dtype)
         total += size * math.prod(shape)
-    if not seen_types:
+    if not seen_types or not 0 <= total < 2**63:  # no tensor, or sizes no tensor can have
         return math.nan, False
     return float(total), len(seen_types) > 1

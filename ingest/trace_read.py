@@ -15,6 +15,7 @@ object work that one process cannot spread over two cores.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import os
@@ -38,7 +39,23 @@ from .errors import TraceError
 CHUNK_BYTES = 1 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
-_MAX_PENDING = 64 << 20  # a piece that still does not decode past this size is bad JSON
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What a trace may hold before it is refused; each refusal names its limit. Memory is
+    bounded by these, not by the input: the largest piece held is max_piece_bytes, the columns
+    grow with the events kept (at most max_events)."""
+
+    max_bytes: int = 16 << 30  # uncompressed JSON; `ingest import --max-trace-mb` raises it
+    max_inflation: float = 200.0  # uncompressed / compressed of a .json.gz, checked past 256 MB
+    max_events: int = 20_000_000  # ~13 GB of JSON, ~0.9 GB of columns; `--max-events` raises it
+    max_name_chars: int = 65_536  # an event name (a templated kernel name is a few thousand)
+    max_piece_bytes: int = 16 << 20  # one event, or the gap between two events
+
+
+DEFAULT_LIMITS = ReadLimits()
+_INFLATION_CHECKED_FROM = 256 << 20
 
 
 _NO_RAW = msgspec.Raw(b"")
@@ -121,6 +138,7 @@ class RawTrace:
     events_seen: int = 0
     processes: int = 1  # how many processes decoded it (2: a split read)
     repaired_bytes: int = 0  # raw control characters and invalid UTF-8 bytes read as spaces / U+FFFD
+    ids_out_of_range: int = 0  # correlation / External ids outside int64, read as absent
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -134,13 +152,15 @@ class _Columns:
     the few distinct names, threads and shapes of each piece. Ops without recorded shapes
     share the shape (b"", b""), whose bytes are unknown."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path, limits: ReadLimits) -> None:
+        self.path, self.limits = path, limits
         self.names: dict[str, int] = {}
         self.threads: dict[tuple, int] = {}
         self.shapes: dict[tuple[bytes, bytes], int] = {}
         self.parts: list[tuple[int, tuple[np.ndarray, ...]]] = []  # (piece number, columns)
         self.events_seen = 0
         self.repaired_bytes = 0  # control characters and invalid UTF-8 replaced (one-process read)
+        self.ids_out_of_range = 0  # correlation / External ids outside int64, read as absent
 
     @staticmethod
     def _encode(values: list, table: dict) -> np.ndarray:
@@ -149,24 +169,41 @@ class _Columns:
             table.setdefault(value, len(table))
         return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
 
+    def _ids(self, values: list) -> np.ndarray:
+        """Correlation / External ids as int64; None (absent) and ids no int64 holds become -1
+        (the latter counted: they are read as absent)."""
+        ids = np.array(values, dtype=np.float64)
+        bad = (ids < 0) | (ids >= 2.0**63)
+        self.ids_out_of_range += int(bad.sum())
+        return np.where(np.isnan(ids) | bad, -1, ids).astype(np.int64)
+
     def add(self, events: list[Event], number: int) -> None:
+        first = self.events_seen
         self.events_seen += len(events)
+        if self.events_seen > self.limits.max_events:
+            raise TraceError(self.path, f"holds more than {self.limits.max_events:,} events (the limit; "
+                                        "raise it with --max-events)")
         code = _KIND_CODE
         kept = [e for e in events if e.cat in code and e.ph == "X"]
         n = len(kept)
         if not n:
             return
         kind = np.fromiter(map(code.__getitem__, map(_CAT, kept)), np.int8, n)
-        name_id = self._encode(list(map(_NAME, kept)), self.names)
+        names = list(map(_NAME, kept))
+        new = [v for v in dict.fromkeys(names) if v not in self.names]
+        longest = max(new, key=len, default="")
+        if len(longest) > self.limits.max_name_chars:
+            at = first + next(i for i, e in enumerate(events) if e.name is longest)
+            raise TraceError(self.path, f"traceEvents[{at}] field 'name' is {len(longest):,} characters long, over "
+                                        f"the limit of {self.limits.max_name_chars:,}")
+        name_id = self._encode(names, self.names)
         ts = np.fromiter(map(_TS, kept), np.float64, n)
         dur = np.fromiter(map(_DUR, kept), np.float64, n)
         thread = self._encode(list(zip(map(_PID, kept), map(_TID, kept))), self.threads)
         args = list(map(_ARGS, kept))
         # None (JSON null or absent) becomes NaN in a float array, then -1
-        corr = np.array(list(map(_CORR, args)), dtype=np.float64)
-        ext = np.array(list(map(_EXT, args)), dtype=np.float64)
-        corr = np.where(np.isnan(corr), -1, corr).astype(np.int64)
-        ext = np.where(np.isnan(ext), -1, ext).astype(np.int64)
+        corr = self._ids(list(map(_CORR, args)))
+        ext = self._ids(list(map(_EXT, args)))
         shape = np.full(n, -1, np.int32)
         ops = np.flatnonzero(kind == _KIND_CODE["cpu_op"])
         if len(ops):
@@ -178,7 +215,8 @@ class _Columns:
     def export(self) -> dict:
         """What a helper process sends back (pickled: numpy arrays and the code tables)."""
         return {"parts": self.parts, "names": list(self.names), "threads": list(self.threads),
-                "shapes": list(self.shapes), "events_seen": self.events_seen}
+                "shapes": list(self.shapes), "events_seen": self.events_seen,
+                "ids_out_of_range": self.ids_out_of_range}
 
     def merge(self, other: dict) -> None:
         """Take in another process's columns, recoding its names, threads and shapes."""
@@ -192,6 +230,7 @@ class _Columns:
             self.parts.append((number, (kind, names[name_id], ts, dur, threads[thread], corr, ext, shapes[shape])))
         self.parts.sort(key=lambda part: part[0])
         self.events_seen += other["events_seen"]
+        self.ids_out_of_range += other["ids_out_of_range"]
 
     def finish(self, path: str, header: dict) -> RawTrace:
         if self.parts:
@@ -202,6 +241,7 @@ class _Columns:
             path, header, *cols,
             names=list(self.names), threads=list(self.threads), shapes=list(self.shapes),
             events_seen=self.events_seen, repaired_bytes=self.repaired_bytes,
+            ids_out_of_range=self.ids_out_of_range,
         )
 
 
@@ -252,6 +292,9 @@ def _decode_header(path: Path, text: bytes) -> dict:
         header = json.loads(text)
     except ValueError:
         raise TraceError(path, "not a JSON trace (the keys around 'traceEvents' do not parse)") from None
+    except RecursionError:
+        raise TraceError(path, "the keys around 'traceEvents' nest deeper than the JSON decoder's limit of "
+                               f"{sys.getrecursionlimit():,} levels") from None
     if not isinstance(header, dict):
         raise TraceError(path, "not a JSON object at the top level")
     return header
@@ -263,6 +306,9 @@ def _decode_piece(path: Path, array, first_index: int) -> list[Event]:
         return _DECODER.decode(array)
     except msgspec.ValidationError as e:
         raise TraceError(path, _describe_validation(str(e), first_index)) from None
+    except RecursionError:
+        raise TraceError(path, f"traceEvents after event {first_index}: JSON nested deeper than the decoder's "
+                               f"limit of {sys.getrecursionlimit():,} levels") from None
 
 
 def _describe_validation(message: str, first_index: int) -> str:
@@ -305,7 +351,8 @@ def _decode_in_place(buf: bytearray, start: int, end: int, decode):
         buf[start], buf[end] = before, after
 
 
-def read_trace(path: str | os.PathLike, *, split: bool | None = None, chunk_bytes: int = CHUNK_BYTES) -> RawTrace:
+def read_trace(path: str | os.PathLike, *, split: bool | None = None, chunk_bytes: int = CHUNK_BYTES,
+               limits: ReadLimits = DEFAULT_LIMITS) -> RawTrace:
     """Read one trace file into columns. Raises TraceError naming the file and the problem.
 
     A large trace is read by two processes (`split`; by default when it is worth it): both
@@ -317,10 +364,10 @@ def read_trace(path: str | os.PathLike, *, split: bool | None = None, chunk_byte
     if split is None:
         split = _worth_splitting(path, chunk_bytes)
     if split:
-        trace = _read_split(path, chunk_bytes)
+        trace = _read_split(path, chunk_bytes, limits)
         if trace is not None:
             return trace
-    return _read_serial(path, chunk_bytes)
+    return _read_serial(path, chunk_bytes, limits)
 
 
 def _open_events(stream: BinaryIO, path: Path) -> tuple[dict, bytes]:
@@ -357,7 +404,8 @@ def _open_events(stream: BinaryIO, path: Path) -> tuple[dict, bytes]:
     return header, rest[m.end() :]
 
 
-def _scan(path: Path, chunk_bytes: int, on_piece, on_last) -> dict:
+def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = DEFAULT_LIMITS,
+          where=lambda: "") -> dict:
     """Stream the trace, cutting `traceEvents` into pieces of about chunk_bytes at event
     boundaries: on_piece(number, buf, start, end) for the events in buf[start + 1 : end]
     (it returns False when the cut must move on to the next boundary), on_last(number, JSON
@@ -366,9 +414,15 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last) -> dict:
     file's bytes, so two processes scanning one file cut it at the same places.
 
     The bytes go into one buffer allocated once (readinto, moving the unread tail to the
-    front when it fills), not a new bytes object per read: fresh memory costs page faults."""
+    front when it fills), not a new bytes object per read: fresh memory costs page faults.
+
+    The limits are checked as the bytes arrive: the uncompressed size, how far a .json.gz
+    inflates (a gzip bomb is refused within its first few hundred MB), and the size of one
+    piece that has no event boundary (one huge event, or a huge run of whitespace)."""
+    stored = _stored_size(path)
     with open_trace_stream(path) as stream:
         header, rest = _open_events(stream, path)
+        total = len(rest)
         buf = bytearray(max(3 * chunk_bytes, 2 * len(rest) + 2))
         buf[0] = 0x5B  # '['
         buf[1 : 1 + len(rest)] = rest
@@ -387,12 +441,17 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last) -> dict:
                     return header
                 if end - lo >= chunk_bytes:
                     lo = max(lo, end - 1)  # no boundary in a whole chunk: read on
+                if end - start > limits.max_piece_bytes:
+                    raise TraceError(path, f"has more than {limits.max_piece_bytes:,} bytes without an event boundary "
+                                           f"in traceEvents {where()} (one event, or whitespace, over the limit)")
                 if end + chunk_bytes > len(buf):
                     buf = _move_to_front(buf, start, end, chunk_bytes)
                     lo, end, start = lo - start, end - start, 0
                 got = _read_into(stream, path, buf, end, chunk_bytes)
                 eof = got == 0
                 end += got
+                total += got
+                _check_size(path, total, stored, limits)
                 continue
             if not on_piece(number, buf, start, cut + 1):
                 lo = cut + 1
@@ -402,12 +461,31 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last) -> dict:
             lo = start
 
 
+def _stored_size(path: Path) -> int | None:
+    """The compressed size of a gzip file (None for plain JSON or what cannot be stat'ed)."""
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_size if f.read(2) == b"\x1f\x8b" else None
+    except OSError:
+        return None
+
+
+def _check_size(path: Path, total: int, stored: int | None, limits: ReadLimits) -> None:
+    if total > limits.max_bytes:
+        raise TraceError(path, f"is larger than {limits.max_bytes / 2**20:,.0f} MB of JSON (the limit; raise it with "
+                               "--max-trace-mb)")
+    if stored and total > _INFLATION_CHECKED_FROM and total > limits.max_inflation * stored:
+        raise TraceError(path, f"inflates more than {limits.max_inflation:.0f}x ({total / 2**20:,.0f} MB from "
+                               f"{stored / 2**20:,.1f} MB so far): refused as a gzip bomb (profiler traces "
+                               "compress 10-30x; the limit is 200x)")
+
+
 def _move_to_front(buf: bytearray, start: int, end: int, room: int) -> bytearray:
     """buf[start:end] moved to the front, with at least `room` bytes free after it (in a
     bigger buffer when a piece outgrows this one)."""
     n = end - start
     if n + room > len(buf):
-        bigger = bytearray(2 * (n + room))
+        bigger = bytearray(n + 2 * room)  # grows a chunk at a time: a piece is at most max_piece_bytes
         bigger[:n] = memoryview(buf)[start:end]
         return bigger
     with memoryview(buf) as view:
@@ -415,8 +493,8 @@ def _move_to_front(buf: bytearray, start: int, end: int, room: int) -> bytearray
     return buf
 
 
-def _read_serial(path: Path, chunk_bytes: int) -> RawTrace:
-    cols = _Columns()
+def _read_serial(path: Path, chunk_bytes: int, limits: ReadLimits = DEFAULT_LIMITS) -> RawTrace:
+    cols = _Columns(path, limits)
 
     def on_piece(number: int, buf: bytearray, start: int, end: int) -> bool:
         try:
@@ -425,7 +503,7 @@ def _read_serial(path: Path, chunk_bytes: int) -> RawTrace:
             events = _decode_repaired(path, bytes(memoryview(buf)[start + 1 : end]), cols)
             if events is None:
                 # the cut fell inside a string (or the JSON is bad): extend the piece
-                if end - start > _MAX_PENDING:
+                if end - start > limits.max_piece_bytes:
                     raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen}") from None
                 return False
         cols.add(events, number)
@@ -441,7 +519,7 @@ def _read_serial(path: Path, chunk_bytes: int) -> RawTrace:
         cols.add(events, number)
 
     try:
-        header = _scan(path, chunk_bytes, on_piece, on_last)
+        header = _scan(path, chunk_bytes, on_piece, on_last, limits, lambda: f"after event {cols.events_seen}")
     except msgspec.DecodeError as e:
         raise TraceError(path, f"not valid JSON in traceEvents after event {cols.events_seen} ({e})") from None
     return _finish(cols, path, header)
@@ -474,6 +552,9 @@ def _decode_repaired(path: Path, body: bytes, cols: "_Columns") -> list[Event] |
 
 
 def _finish(cols: _Columns, path: Path, header: dict) -> RawTrace:
+    if cols.events_seen > cols.limits.max_events:  # a split read counts each half alone
+        raise TraceError(path, f"holds more than {cols.limits.max_events:,} events (the limit; raise it with "
+                               "--max-events)")
     trace = cols.finish(str(path), header)
     if trace.events_seen == 0:
         raise TraceError(path, "'traceEvents' holds no events")
@@ -516,7 +597,7 @@ def _events_and_tail(events_part: bytes, after: bytes) -> tuple[bytes | None, di
         after = after[1:]
     try:
         tail = json.loads(b"{" + after) if after.strip() != b"}" else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(tail, dict):
         return None
@@ -546,7 +627,7 @@ def _split_exactly(body: bytes) -> tuple[bytes | None, dict] | None:
     text = (b"[" + body).decode("utf-8", "surrogateescape")
     try:
         _, end = json.JSONDecoder(strict=False).raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     close = len(text[:end].encode("utf-8", "surrogateescape")) - 1  # just past ']' in body
     return _events_and_tail(body[: close - 1], body[close:])
@@ -581,11 +662,11 @@ def _uncompressed_size(path: Path) -> int:
         return 0  # the one-process reader will say what is wrong with the file
 
 
-def _read_share(path: Path, chunk_bytes: int, share: int) -> tuple[dict, _Columns]:
+def _read_share(path: Path, chunk_bytes: int, share: int, limits: ReadLimits) -> tuple[dict, _Columns]:
     """One process's half of a split read: the pieces whose number has parity `share`. Cuts
     are not checked here: a cut inside a string breaks the piece before it, whichever process
     decodes it, and then the read goes to the one-process reader."""
-    cols = _Columns()
+    cols = _Columns(path, limits)
 
     def on_piece(number: int, buf: bytearray, start: int, end: int) -> bool:
         if number % 2 == share:
@@ -597,28 +678,51 @@ def _read_share(path: Path, chunk_bytes: int, share: int) -> tuple[dict, _Column
         if number % 2 == share:
             cols.add(events, number)
 
-    return _scan(path, chunk_bytes, on_piece, on_last), cols
+    return _scan(path, chunk_bytes, on_piece, on_last, limits), cols
 
 
-def _helper_main(path: Path, chunk_bytes: int, conn) -> None:
-    """The helper process: decode the odd pieces and send their columns back."""
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux prctl PR_SET_PDEATHSIG), and
+    exit now if the parent is already gone (it may have died before the call)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux's libc: the closed pipe below still ends it
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _helper_main(path: Path, chunk_bytes: int, limits: ReadLimits, conn, parents_end, parent: int) -> None:
+    """The helper process: decode the odd pieces and send their columns back. It must never
+    outlive the importer: it dies with it (parent-death signal), and it holds no copy of the
+    parent's end of the pipe, so a send to a dead parent fails instead of blocking for ever."""
+    _die_with_parent(parent)
+    parents_end.close()
     # Ctrl-C reaches the whole process group: the parent stops this helper itself (terminate),
     # so the helper must not die printing a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _, cols = _read_share(path, chunk_bytes, 1)
+        _, cols = _read_share(path, chunk_bytes, 1, limits)
         payload = (True, cols.export())
-    except Exception:  # noqa: BLE001 - whatever it was, the one-process reader will say it
+    except BaseException:  # noqa: BLE001 - whatever it was, the one-process reader will say it
         payload = (False, None)
-    conn.send(payload)
-    conn.close()
+    try:
+        conn.send(payload)
+        conn.close()
+    except OSError:  # the parent is gone
+        pass
 
 
-def _read_split(path: Path, chunk_bytes: int) -> RawTrace | None:
+def _read_split(path: Path, chunk_bytes: int, limits: ReadLimits = DEFAULT_LIMITS) -> RawTrace | None:
     """Read with a forked helper; None when that did not work out (read it in one process)."""
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
-    helper = ctx.Process(target=_helper_main, args=(path, chunk_bytes, sender), name="stepwatch-trace-reader")
+    helper = ctx.Process(target=_helper_main, args=(path, chunk_bytes, limits, sender, receiver, os.getpid()),
+                         name="stepwatch-trace-reader")
     try:
         with warnings.catch_warnings():
             # Python 3.12 warns when a process with threads forks; the helper runs only this
@@ -632,9 +736,9 @@ def _read_split(path: Path, chunk_bytes: int) -> RawTrace | None:
     sender.close()
     try:
         try:
-            header, cols = _read_share(path, chunk_bytes, 0)
+            header, cols = _read_share(path, chunk_bytes, 0, limits)
             ok, theirs = receiver.recv()
-        except (TraceError, msgspec.MsgspecError, EOFError):
+        except (TraceError, msgspec.MsgspecError, EOFError, RecursionError):
             return None
         if not ok:
             return None
