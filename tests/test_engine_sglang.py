@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,9 @@ from ingest.runs.engines.sglang import (
     build_one_batch_argv,
     build_profile_request,
     build_server_argv,
+    build_server_env,
     check_server_workload,
+    explain_missing_decode,
     count_profiled_steps,
     detect_bench_flags,
     find_bench_module,
@@ -42,16 +47,25 @@ from ingest.runs.engines.sglang import (
     parse_result_jsonl,
     plan_profile_start_step,
     read_decode_figures,
+    read_no_decode_report,
+    reads_decode_min_bs,
     run_sglang,
     run_sglang_server,
 )
-from ingest.runs.errors import CommandCancelled, CommandFailed, RunError
+from ingest.runs.errors import CommandCancelled, CommandFailed, CommandTimeout, RunError
 from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import Config, HostConfig, RepoConfig, RunSpec, Workload
 from kernels.bundle import read_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
-from make_fake_sglang import GATHER_PATCH, STALE_PATCH, VERSION, make_fake_sglang, write_model_config  # noqa: E402
+from make_fake_sglang import (  # noqa: E402
+    CURRENT_VERSION,
+    GATHER_PATCH,
+    OLD_VERSION,
+    STALE_PATCH,
+    make_fake_sglang,
+    write_model_config,
+)
 
 # --- SGLang's real formats --------------------------------------------------------------------
 
@@ -293,6 +307,9 @@ def test_server_command_and_profile_request():
     config = build_driver_config(argv, w, result_file="/tmp/r.jsonl", trace_dir="/tmp/prof",
                                  profile_request=request, startup_timeout_s=60)
     assert config["trace_stem"] == "stepwatch-abc123" and config["ranks"] == 8
+    # profiler_manager.py:431 (sglang 0.5.23) reads the variable; environ.py:458 keeps manager v1
+    assert config["server_env"] == build_server_env(w) == {
+        "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS": str(w.batch_size), "SGLANG_PROFILE_V2": "0"}
     assert json.loads(json.dumps(config)) == config  # travels as one argv element
     compile(SERVER_DRIVER_SCRIPT, "driver", "exec")
     check_server_workload(Workload(output_len=5, profile_steps=3))
@@ -300,20 +317,112 @@ def test_server_command_and_profile_request():
         check_server_workload(Workload(output_len=4, profile_steps=3))
 
 
+def _versions(checkout: Path, pythonpath: str = "") -> dict:
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    out = subprocess.run([sys.executable, "-c", VERSIONS_SCRIPT, str(checkout)], capture_output=True,
+                         text=True, cwd=checkout, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return parse_json_line(out.stdout, "versions")
+
+
 def test_versions_script_tolerates_missing_pieces(tmp_path):
     (tmp_path / "python" / "sglang").mkdir(parents=True)
     (tmp_path / "python" / "sglang" / "version.py").write_text('__version__ = "0.4.6.post1"\n')
     (tmp_path / "python" / "pyproject.toml").write_text('dependencies = ["sgl-kernel==0.1.0", "torch"]\n')
-    out = subprocess.run([sys.executable, "-c", VERSIONS_SCRIPT, str(tmp_path)], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=120)
-    assert out.returncode == 0, out.stderr
-    found = parse_json_line(out.stdout, "versions")
+    found = _versions(tmp_path)
     import torch
 
-    assert found["sglang"] == "0.4.6.post1" and found["sglang_kernel_pinned"] == "0.1.0"
+    assert found["sglang"] == "0.4.6.post1" and found["sglang_source"] == "python/sglang/version.py"
+    assert found["sglang_kernel_pinned"] == "0.1.0"
     assert found["torch"] == torch.__version__ and found["python"]
-    for key in ("sglang_kernel", "cuda", "driver", "gpu"):
+    for key in ("sglang_kernel", "sglang_installed", "cuda", "driver", "gpu"):
         assert key in found  # null where this machine has none
+
+
+def _git(repo: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x", "GIT_CONFIG_GLOBAL": "/dev/null"}
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+
+
+def test_versions_script_reports_the_checkout_not_the_installed_package(tmp_path):
+    """sglang 0.5.23's python/sglang/version.py holds no number (setuptools-scm): importing it from
+    a fresh worktree falls back to importlib.metadata, the INSTALLED package. The probe reads the
+    checkout instead: its tag, and how far the commit is past it."""
+    checkout, site = tmp_path / "sglang", tmp_path / "site"
+    (checkout / "python" / "sglang").mkdir(parents=True)
+    (checkout / "python" / "sglang" / "__init__.py").write_text("from sglang.version import __version__\n")
+    (checkout / "python" / "sglang" / "version.py").write_text(
+        "try:\n    from sglang._version import __version__\nexcept ImportError:\n"
+        "    import importlib.metadata\n\n    __version__ = importlib.metadata.version('sglang')\n")
+    (checkout / "python" / "pyproject.toml").write_text(
+        '[project]\nname = "sglang"\ndynamic = ["version"]\ndependencies = ["sglang-kernel==0.4.10"]\n\n'
+        '[tool.setuptools_scm]\nversion = "not this"\n')
+    (site / "sglang-9.9.9.dist-info").mkdir(parents=True)
+    (site / "sglang-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 9.9.9\n")
+    pythonpath = f"{checkout / 'python'}:{site}"
+    # What importing the checkout's sglang reports: the installed package's version.
+    imported = subprocess.run([sys.executable, "-c", "import sglang; print(sglang.__version__)"],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": pythonpath})
+    assert imported.stdout.strip() == "9.9.9"
+    _git(checkout, "init", "-q", "-b", "main")
+    _git(checkout, "add", "-A")
+    _git(checkout, "commit", "-q", "-m", "release")
+    _git(checkout, "tag", "v0.5.23")
+    _git(checkout, "tag", "sgl-kernel-v0.4.10")  # another component's tag: not the version
+    found = _versions(checkout, pythonpath)
+    assert (found["sglang"], found["sglang_source"], found["sglang_installed"]) == ("0.5.23", "git describe", "9.9.9")
+    (checkout / "NOTES").write_text("x\n")
+    _git(checkout, "add", "NOTES")
+    _git(checkout, "commit", "-q", "-m", "one more")
+    found = _versions(checkout, pythonpath)
+    assert found["sglang"].startswith("0.5.23-1-g") and found["sglang_kernel_pinned"] == "0.4.10"
+    # A static [project] version (releases before setuptools-scm) wins over the tags.
+    (checkout / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\nversion = "0.5.1.post3"\n')
+    assert _versions(checkout, pythonpath)["sglang"] == "0.5.1.post3"
+
+
+WORKLOAD_BS5 = Workload(model_path="m", tp=8, batch_size=5, output_len=16, profile_steps=3)
+STEM = "stepwatch-" + "0123abcd" * 4  # profile ids are uuid4().hex
+
+
+def test_read_no_decode_report():
+    report = {"found": [f"{STEM}-TP-0-EXTEND.trace.json.gz"], "stop_profile": "HTTP 500: Internal Server Error"}
+    output = "Benchmark ...\n[stepwatch driver] no decode trace: " + json.dumps(report) + "\n"
+    assert read_no_decode_report(output) == report
+    assert read_no_decode_report("[stepwatch driver] traces: a, b\n") is None
+    assert read_no_decode_report("[stepwatch driver] no decode trace: {trunc") is None
+
+
+def test_reads_decode_min_bs():
+    # sglang 0.5.23 sglang/srt/environ.py:462
+    assert reads_decode_min_bs("    SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS = EnvInt(0)\n") is True
+    assert reads_decode_min_bs("    SGLANG_PROFILE_V2 = EnvBool(False)\n") is False
+    assert reads_decode_min_bs(None) is None
+
+
+def test_explain_missing_decode_names_expected_found_and_remedy():
+    found = [f"{STEM}-TP-{r}-EXTEND.trace.json.gz" for r in (1, 0, 2, 3, 4, 5, 6, 7)]
+    lost = {"found": found, "stop_profile": "HTTP 500: Internal Server Error"}
+    held = explain_missing_decode(lost, WORKLOAD_BS5, trace_stem=STEM, min_bs_read=True)
+    ignored = explain_missing_decode(lost, WORKLOAD_BS5, trace_stem=STEM, min_bs_read=False)
+    for text in (held, ignored):
+        assert "\n" not in text
+        assert text.startswith(f"no DECODE trace: expected {STEM}-TP-<rank>-DECODE.trace.json.gz (TP 0-7), found "
+                               "-EXTEND traces of TP 0-7; /stop_profile answered HTTP 500 (no capture running): ")
+        assert len(text) < 500  # the job table keeps 500 characters of an error
+    assert "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS=5 waits for a decode batch of 5 requests" in held
+    assert "--max-running-requests" in held and "lower batch_size" in held
+    assert "saved it as -EXTEND" in ignored and "raise profile_steps to at least batch_size (5)" in ignored
+    assert "ignores SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS (not in its srt/environ.py)" in ignored
+    no_environ = explain_missing_decode(lost, WORKLOAD_BS5, trace_stem=STEM, min_bs_read=None)
+    assert "(it has no srt/environ.py)" in no_environ and len(no_environ) < 500
+    two = explain_missing_decode({"found": found[:1] + [f"{STEM}-TP-0.trace.json.gz"], "stop_profile": "HTTP 200: ok"},
+                                 WORKLOAD_BS5, trace_stem=STEM, min_bs_read=True)
+    assert "found -EXTEND traces of TP 1; stageless traces of TP 0; /stop_profile answered HTTP 200 (see" in two
+    nothing = explain_missing_decode({"found": [], "stop_profile": "URLError('timed out')"}, WORKLOAD_BS5,
+                                     trace_stem=STEM, min_bs_read=True)
+    assert "found no trace; /stop_profile answered URLError('timed out') (see the driver's log)" in nothing
 
 
 def test_layers_script(tmp_path):
@@ -399,6 +508,27 @@ def _top_op(bundle: Path):
     return record, stats
 
 
+def _trace_events(path: Path) -> list[dict]:
+    """The complete events (ph X) of a torch.profiler trace."""
+    with gzip.open(path) as f:
+        text = f.read().decode("utf-8", "replace")
+    return [e for e in json.loads(text, strict=False)["traceEvents"] if e.get("ph") == "X"]
+
+
+def _step_spans(events: list[dict]) -> list[dict]:
+    """SGLang's step spans (model_runner.py:1831), in time order."""
+    return sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step[")),
+                  key=lambda e: e["ts"])
+
+
+def _ops_inside_spans(events: list[dict], name: str) -> tuple[int, int]:
+    """(calls of CPU op `name` inside a step span, calls outside every one)."""
+    spans = [(s["ts"], s["ts"] + s["dur"]) for s in _step_spans(events)]
+    ops = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == name]
+    inside = sum(any(a <= e["ts"] and e["ts"] + e["dur"] <= b for a, b in spans) for e in ops)
+    return inside, len(ops) - inside
+
+
 def test_run_current_layout_end_to_end(fake, unpatched):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4), current layout."""
     made, model, _ = fake
@@ -412,7 +542,9 @@ def test_run_current_layout_end_to_end(fake, unpatched):
     assert m.timing.median_ms == pytest.approx(result["median_decode_latency"] * 1000)
     assert m.timing.p10_ms == m.timing.p90_ms == m.timing.median_ms and m.timing.method == "sglang-one-batch"
     assert m.layers == 2 and m.profiled_steps == 3
-    assert m.versions["sglang"] == VERSION and m.versions["sglang_kernel_pinned"] == "0.4.10"
+    # The checkout's version (its tag), not an installed package's.
+    assert (m.versions["sglang"], m.versions["sglang_source"]) == (CURRENT_VERSION, "git describe")
+    assert m.versions["sglang_kernel_pinned"] == "0.4.10"
     assert m.workload["model_path"] == str(model) and "kv" not in m.workload
     # The benchmark ran from the worktree, with SGLang's environment, in the profiler directory.
     bench = next(a for a in host.argvs if "-m" in a)
@@ -422,8 +554,16 @@ def test_run_current_layout_end_to_end(fake, unpatched):
     # Nothing left behind: no worktree, no temporary directory on the host.
     assert _worktrees(made.path) == [str(made.path)]
     assert host.temp_dirs and not any(Path(d).exists() for d in host.temp_dirs)
-    with gzip.open(bundle / m.traces[0]) as f:
-        assert "traceEvents" in json.load(f)
+    # sglang 0.5.23's step spans: one step[DECODE bs=1] per profiled decode step. Decode replays a
+    # CUDA graph by default, so a span holds the copy of the inputs into the graph's buffers and
+    # the launch; the model's matmuls run after it (on a GPU: on the device; here: on the host
+    # when sample() waits for them), and so does sample()'s argmax.
+    events = _trace_events(bundle / m.traces[0])
+    assert [s["name"] for s in _step_spans(events)] == ["step[DECODE bs=1]"] * 3
+    inside, outside = _ops_inside_spans(events, "aten::mm")
+    assert inside == 0 and outside >= 3 * 2 * 2  # 3 steps x 2 layers x 2 projections
+    assert _ops_inside_spans(events, "aten::copy_")[0] >= 3
+    assert _ops_inside_spans(events, "aten::argmax") == (0, 3)
     record = prepare_import(bundle, load_rule_chain(), ImportOptions())
     assert record.engine == "sglang" and record.tok_per_s == result["median_decode_throughput"]
     assert record.steps == 3 and record.commit == made.current_sha
@@ -440,6 +580,8 @@ def test_run_old_layout_end_to_end(fake, tmp_path_factory):
     argv = m.extra["argv"]
     assert "--profile-filename-prefix" in argv and "--profile-stage" not in argv and "--profile-steps" not in argv
     assert m.profiled_steps == 8  # the prefill and all 7 decode steps
+    assert m.versions["sglang"] == OLD_VERSION and m.versions["sglang_source"] == "python/sglang/version.py"
+    assert _step_spans(_trace_events(bundle / m.traces[0])) == []  # releases before build_step_span_name
     assert any(line.startswith("Decode.  latency:") for line in lines)
     record = prepare_import(bundle, load_rule_chain(), ImportOptions())
     assert record.tok_per_s == m.extra["result"]["median_decode_throughput"]
@@ -493,6 +635,37 @@ def test_printed_lines_when_no_jsonl(fake, tmp_path, monkeypatch):
     assert (m.timing.median_ms / 1000, m.timing.tok_per_s) == pytest.approx(printed)
 
 
+def test_eager_decode_span_covers_the_forward(fake, tmp_path):
+    """Stand-in SGLang (it cannot be installed here, FACTS.md section 4) with CUDA graphs off
+    (`--disable-cuda-graph`, deprecated but accepted by sglang 0.5.23): the step span holds the
+    whole forward; preparation and sample() stay outside it."""
+    made, model, config = fake
+    spec = _spec(model, batch_size=2, extra_args=("--disable-cuda-graph",))
+    bundle = run_sglang(spec, config, LocalHost(), sha=made.current_sha, work_dir_local=tmp_path)
+    events = _trace_events(bundle / read_bundle(bundle).traces[0])
+    assert [s["name"] for s in _step_spans(events)] == ["step[DECODE bs=2]"] * 3
+    assert _ops_inside_spans(events, "aten::mm") == (3 * 2 * 2, 0)
+    assert _ops_inside_spans(events, "aten::argmax") == (0, 3)
+    assert _ops_inside_spans(events, "aten::randint")[1] == 3  # prepare_for_decode's new KV rows
+
+
+def test_stand_in_prefill_span_is_named_like_sglang(fake, tmp_path):
+    """The stand-in itself (SGLang cannot be installed here, FACTS.md section 4), its one-batch
+    benchmark asked for the prefill stage: build_step_span_name (profile_utils.py:493-495) names an
+    EXTEND forward `step[EXTEND bs={bs} toks={extend_num_tokens}]`, the batch's new tokens."""
+    made, model, _ = fake
+    argv = [sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model), "--load-format", "dummy",
+            "--batch-size", "2", "--input-len", "16", "--output-len", "4", "--profile", "--profile-stage", "prefill",
+            "--profile-prefix", "p", "--result-filename", ""]
+    env = {**os.environ, "PYTHONPATH": str(made.path / "python"), "SGLANG_TORCH_PROFILER_DIR": str(tmp_path),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = _trace_events(tmp_path / "p_batch2_input16_output4_prefill.trace.json.gz")
+    assert [s["name"] for s in _step_spans(events)] == ["step[EXTEND bs=2 toks=32]"]
+    assert _ops_inside_spans(events, "aten::mm")[0] == 2 * 2  # prefill runs eagerly inside its span
+
+
 def test_flag_the_release_lacks_fails_like_sglang(fake, tmp_path):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4): argparse rejects a flag
     the checked-out release does not have, as SGLang does, and the run ends with its message."""
@@ -516,10 +689,12 @@ def test_refused_before_anything_runs(fake, tmp_path):
     assert _worktrees(made.path) == [str(made.path)]
 
 
-def test_server_path_every_rank(fake, tmp_path):
+def test_server_path_every_rank(fake, tmp_path, monkeypatch):
     """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4): TP 2, two
-    scheduler processes, each writing its own DECODE trace as SGLang's profiler_manager names it."""
+    scheduler processes, each writing its own DECODE trace as SGLang's profiler_manager names it.
+    The two requests reach the scheduler together (FAKE_SGLANG_BURST): one prefill batch."""
     made, model, config = fake
+    monkeypatch.setenv("FAKE_SGLANG_BURST", "2")
     lines, host = [], RecordingHost()
     bundle = run_sglang(_spec(model, tp=2, batch_size=2, output_len=6), config, host, sha=made.current_sha,
                         work_dir_local=tmp_path, on_line=lines.append)
@@ -527,13 +702,103 @@ def test_server_path_every_rank(fake, tmp_path):
     assert len(m.traces) == 2 and all(t.endswith("-DECODE.trace.json.gz") for t in m.traces)
     assert [t.split("-TP-")[1][0] for t in m.traces] == ["0", "1"]
     assert m.extra["module"] == "sglang.launch_server" and m.extra["profile_request"]["num_steps"] == 3
-    assert m.timing.method == "sglang-server-stream"
+    assert m.extra["server_env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "2"
+    assert m.extra["decode_min_bs_read"] is True and m.extra["decode_capture"] == "by-stage"
+    assert m.timing.method == "sglang-server-stream" and m.profiled_steps == 3
     assert m.timing.tok_per_s == m.extra["result"]["median_decode_throughput"]
     assert any("The server is fired up" in line for line in lines)
+    assert any("launching: SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS=2 SGLANG_PROFILE_V2=0 " in line for line in lines)
+    for trace in m.traces:
+        assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=2]"] * 3
     record = prepare_import(bundle, load_rule_chain(), ImportOptions())
-    assert record.ranks == 2 and record.steps == 3 and record.step_method == "span"
+    assert record.ranks == 2 and record.steps == 3
     assert _worktrees(made.path) == [str(made.path)]
     assert not _processes_of_run(host.temp_dirs[0])
+
+
+def _staggered(monkeypatch, batch_size: int = 5, gap_steps: int = 2) -> None:
+    """The stand-in server lets the batch's requests reach its scheduler gap_steps scheduler
+    steps apart: each is prefilled alone, between decode steps of the earlier ones."""
+    monkeypatch.setenv("FAKE_SGLANG_BURST", str(batch_size))
+    monkeypatch.setenv("FAKE_SGLANG_STAGGER_STEPS", str(gap_steps))
+
+
+STAGGERED = dict(tp=2, batch_size=5, output_len=16, profile_steps=3)
+
+
+def test_server_path_staggered_arrivals(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) modelling
+    sglang 0.5.23's scheduler and by-stage profiler (profiler_manager.py:413-439): five requests
+    prefilled in five EXTEND batches two steps apart, decode steps between them. Without
+    SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS the fourth prefill stops the decode capture and saves it
+    as -EXTEND: no DECODE trace ever comes (the server path before this variable waited 600 s,
+    then /stop_profile answered 500). With it, the decode capture starts at the first decode of
+    all five requests, and every rank's DECODE trace holds full-batch decode steps only."""
+    made, model, config = fake
+    _staggered(monkeypatch)
+    bundle = run_sglang(_spec(model, **STAGGERED), config, RecordingHost(), sha=made.current_sha,
+                        work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert len(m.traces) == 2 and all(t.endswith("-DECODE.trace.json.gz") for t in m.traces)
+    assert m.extra["decode_capture"] == "by-stage" and m.profiled_steps == 3
+    for trace in m.traces:
+        assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=5]"] * 3
+
+
+def test_server_path_fails_fast_when_the_decode_trace_is_lost(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) at the older
+    commit, whose profiler does not read SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS: the staggered
+    batch loses its decode capture. The run ends as soon as the batch is over, with one line
+    naming the expected trace, what the server wrote, /stop_profile's 500 and the remedy; not
+    after a 600 s wait (which the run's timeout would have turned into CommandTimeout)."""
+    made, model, config = fake
+    _staggered(monkeypatch)
+    seen: list[tuple[float, str]] = []
+    host = RecordingHost()
+    with pytest.raises(CommandFailed) as err:
+        run_sglang(replace(_spec(model, **STAGGERED), timeout_s=300), config, host, sha=made.old_sha,
+                   work_dir_local=tmp_path, on_line=lambda line: seen.append((time.monotonic(), line)))
+    failed_at = time.monotonic()
+    assert not isinstance(err.value, CommandTimeout)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("no DECODE trace: expected stepwatch-")
+    assert "found -EXTEND traces of TP 0, 1; /stop_profile answered HTTP 500 (no capture running): " in message
+    assert "ignores SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS (not in its srt/environ.py)" in message
+    assert "raise profile_steps to at least batch_size (5)" in message
+    batch_done = next(t for t, line in seen if line.startswith("Decode.  median latency"))
+    assert failed_at - batch_done < 60  # seconds after the batch (clean-up included), never 600
+    assert not _processes_of_run(host.temp_dirs[0])
+    assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
+
+
+def test_server_path_old_checkout_with_the_remedy_it_is_told(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) at the older
+    commit, staggered as above, with the remedy the failure names: profile_steps >= batch_size
+    keeps the prefill counter at or under its target (profiler_manager.py:423), so the decode
+    capture is saved as -DECODE (holding the ramp-up, prefills included)."""
+    made, model, config = fake
+    _staggered(monkeypatch)
+    bundle = run_sglang(_spec(model, **{**STAGGERED, "profile_steps": 5}), config, RecordingHost(),
+                        sha=made.old_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert len(m.traces) == 2 and all(t.endswith("-DECODE.trace.json.gz") for t in m.traces)
+    assert m.extra["decode_min_bs_read"] is False
+
+
+def test_server_path_fails_fast_when_the_batch_never_fills(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) that runs at
+    most three requests at once (--max-running-requests 3) for a batch of five: with
+    SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS=5 the decode capture never starts; the run says so."""
+    made, model, config = fake
+    _staggered(monkeypatch, gap_steps=0)
+    spec = _spec(model, batch_size=5, output_len=8, extra_args=("--max-running-requests=3",))
+    with pytest.raises(CommandFailed) as err:
+        run_sglang_server(spec, config, RecordingHost(), sha=made.current_sha, work_dir_local=tmp_path)
+    assert not isinstance(err.value, CommandTimeout)
+    message = str(err.value)
+    assert "found -EXTEND traces of TP 0; /stop_profile answered HTTP 500 (no capture running): the decode " \
+           "capture never started: SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS=5 waits for a decode batch of 5" in message
+    assert "--max-running-requests" in message
 
 
 def test_server_path_at_tp_1_and_cancel_stops_the_server(fake, tmp_path):

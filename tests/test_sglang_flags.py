@@ -13,7 +13,10 @@ installed here, FACTS.md section 4):
   `tp_size: A[int, Arg(help=..., aliases=["--tensor-parallel-size"])]` in a class under
   `sglang/srt/arg_groups/fields/` is the flag `--tp-size` (or `Arg(cli_name=...)`) plus its
   aliases, unless `Arg(no_cli=True)`; a field whose annotation carries no `Arg` or help string
-  gets no flag.
+  gets no flag;
+- the choices of those flags: `Arg(choices=[...])`, or `Arg(choices=NAME)` with NAME a list of
+  `sglang/srt/arg_groups/choices.py`, which the engine's own lists
+  (ingest/runs/engines/sglang_choices.py, checked when a spec is parsed) must equal.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from ingest.runs.engines.sglang import (
     detect_bench_flags,
     find_bench_module,
 )
-from ingest.runs.spec import Workload
+from ingest.runs.engines.sglang_choices import FLAG_CHOICES
+from ingest.runs.errors import SpecError
+from ingest.runs.spec import Workload, parse_workload
 
 from test_patch_sglang import sglang_wheel  # noqa: F401  (the fixture: one download, one cache)
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 FIELDS_DIR = "sglang/srt/arg_groups/fields/"
+CHOICES = "sglang/srt/arg_groups/choices.py"
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
@@ -96,6 +102,44 @@ def collect_field_flags(source: str) -> set[str]:
     return flags
 
 
+def collect_named_lists(source: str) -> dict[str, list]:
+    """Module-level `NAME = [literal, ...]` assignments (choices.py's lists)."""
+    named = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.Tuple)):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    named[target.id] = ast.literal_eval(node.value)
+    return named
+
+
+def _choices_of(node: ast.expr | None, named: dict[str, list]) -> list | None:
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return ast.literal_eval(node)
+    if isinstance(node, ast.Name):
+        return named.get(node.id)
+    return None
+
+
+def collect_field_choices(source: str, named: dict[str, list]) -> dict[str, list]:
+    """Flag -> choices, for every annotated field whose `Arg(...)` names its choices."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt in node.body:
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(stmt.annotation, ast.Subscript) and isinstance(stmt.annotation.slice, ast.Tuple)):
+                continue
+            for meta in stmt.annotation.slice.elts[1:]:
+                if isinstance(meta, ast.Call) and isinstance(meta.func, ast.Name) and meta.func.id == "Arg":
+                    choices = _choices_of(_keyword(meta, "choices"), named)
+                    if choices is not None:
+                        for flag in _field_flags(stmt.target.id, stmt.annotation):
+                            found[flag] = choices
+    return found
+
+
 @pytest.fixture(scope="module")
 def release(sglang_wheel: Path) -> dict[str, str]:  # noqa: F811
     """The wheel's Python sources that define command-line flags, by path."""
@@ -106,7 +150,7 @@ def release(sglang_wheel: Path) -> dict[str, str]:  # noqa: F811
         server_files = (IO_STRUCT, HTTP_SERVER, SAMPLING_PARAMS, PROFILER_MANAGER)
         missing = [f for f in server_files if f not in names]
         assert not missing, f"the wheel lacks {missing}: the server path's contract moved"
-        wanted = [n for n in names if n in (SERVER_ARGS, module_file, *server_files)
+        wanted = [n for n in names if n in (SERVER_ARGS, CHOICES, module_file, *server_files)
                   or (n.startswith(FIELDS_DIR) and n.endswith(".py"))]
         sources = {n: whl.read(n).decode() for n in wanted}
         sources["has_launch_server"] = LAUNCH_SERVER_FILE.removeprefix("python/") in names
@@ -200,3 +244,71 @@ def test_server_http_contract(release):
                   'stage_suffix = f"-{stage.name}" if stage else ""', '+ ".trace.json.gz"'):
         assert piece in manager, piece
 
+
+
+@pytest.fixture(scope="module")
+def release_choices(release) -> dict[str, list]:
+    """Flag -> the values sglang 0.5.23 accepts, from its fields and its add_argument calls."""
+    named = collect_named_lists(release[CHOICES])
+    found = {}
+    for path, text in release.items():
+        if path.startswith(FIELDS_DIR):
+            found.update(collect_field_choices(text, named))
+    for path in (SERVER_ARGS, release["module_file"]):
+        for flag, call in collect_add_argument_flags(release[path]).items():
+            choices = _choices_of(_keyword(call, "choices"), named)
+            if choices is not None:
+                found[flag] = choices
+    return found
+
+
+def test_choice_collector_reads_the_release(release_choices):
+    # Not vacuous: a literal list (kv_cache_dtype, fields/model.py:197) and lists named from
+    # choices.py (LOAD_FORMAT_CHOICES :3, ATTENTION_BACKEND_CHOICES :69).
+    assert "fp8_e4m3" in release_choices["--kv-cache-dtype"] and "fp8" not in release_choices["--kv-cache-dtype"]
+    assert "dummy" in release_choices["--load-format"] and "fa3" in release_choices["--attention-backend"]
+
+
+def test_our_choice_lists_equal_the_release(release_choices):
+    """The lists a spec is checked against (ingest/runs/engines/sglang_choices.py) are the
+    release's, in its order: one place in our code, checked here against the wheel."""
+    for field, (flag, ours) in FLAG_CHOICES.items():
+        assert list(ours) == release_choices[flag], f"{field} ({flag}) differs from sglang 0.5.23's choices"
+    # Every enumerated flag the engine passes is in the table.
+    argv = _every_flag_argv("sglang.benchmark.one_batch") + build_server_argv(
+        "python3", Workload(model_path="m", tp=2, load_format="dummy", kv_cache_dtype="fp8_e4m3",
+                            attention_backend="flashinfer"))
+    passed_with_choices = {a for a in argv if a in release_choices}
+    # --profile-stage is the constant `decode` (test_profile_stage_accepts_decode)
+    assert passed_with_choices == {"--profile-stage"} | {flag for flag, _ in FLAG_CHOICES.values()}
+
+
+@pytest.mark.parametrize("field,value", [("kv_cache_dtype", "fp8"), ("attention_backend", "flashinfer_mla"),
+                                         ("load_format", "safetensor")])
+def test_a_value_sglang_refuses_is_refused_when_the_spec_is_parsed(release_choices, field, value):
+    flag, choices = FLAG_CHOICES[field]
+    assert value not in release_choices[flag]  # SGLang's argparse would refuse it at run time
+    with pytest.raises(SpecError) as err:
+        parse_workload({"model_path": "m", field: value}, "sglang")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"workload.{field}: {value!r} is not one of sglang 0.5.23's")
+    assert ", ".join(choices) in message
+    assert parse_workload({"model_path": "m", field: choices[-1]}, "sglang")  # an allowed value passes
+
+
+def test_the_stand_in_takes_only_flags_and_choices_of_the_release(known_flags, release_choices):
+    """tests/standins/make_fake_sglang.py says its server flags are SGLang's: names, aliases and
+    choices of sglang 0.5.23."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
+    from make_fake_sglang import SERVER_ARGS as STAND_IN_SERVER_ARGS
+
+    flags = collect_add_argument_flags(STAND_IN_SERVER_ARGS)
+    assert not set(flags) - known_flags, f"sglang 0.5.23 has no {sorted(set(flags) - known_flags)}"
+    namespace: dict = {}
+    exec(compile(STAND_IN_SERVER_ARGS, "server_args.py", "exec"), namespace)
+    for flag, call in flags.items():
+        choices = _keyword(call, "choices")
+        if choices is not None:
+            assert namespace[choices.id] == release_choices[flag], flag

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engines.sglang_choices import FLAG_CHOICES, find_choice_problem
 from .errors import SpecError
 
 ENGINES = ("reference", "sglang", "import")
@@ -169,6 +170,10 @@ def parse_workload(body: Any, engine: str, where: str = "workload") -> Workload:
               f"{body.get('kv')!r} is not one of {', '.join(KV_STRATEGIES)}")
     if engine == "sglang":
         _need(bool(body.get("model_path")), f"{where}.model_path", "the sglang engine needs a model path")
+        for key in FLAG_CHOICES:
+            if body.get(key) is not None:
+                problem = find_choice_problem(key, body[key])
+                _need(problem is None, f"{where}.{key}", problem or "")
     return Workload(
         preset=body.get("preset"), kv=body.get("kv", "full-pool-cast"), cuda_graph=cuda_graph,
         model_path=body.get("model_path"), load_format=body.get("load_format"),

@@ -3,31 +3,51 @@
 SGLang cannot be installed on these machines (FACTS.md section 4: sglang 0.5.23 pins
 torch==2.14.1 and a 373 MB CUDA kernel wheel; no GPU here and none of its CUDA stack on the lent
 one), so the engine is tested against this throwaway git repository instead. It looks like an
-SGLang checkout where the engine looks, and behaves like SGLang where the engine depends on it:
+SGLang checkout where the engine looks, and behaves like sglang 0.5.23 where the engine depends
+on it. Each piece below names the file (and lines) of the 0.5.23 wheel it mirrors; what a CPU
+cannot reproduce is said where it matters.
 
-- `python/sglang/__init__.py` with `__version__`, `python/pyproject.toml` pinning the kernel
-  package, `python/sglang/srt/server_args.py` with a subset of SGLang's server flags (same
-  names, aliases and choices; anything else is rejected by argparse as SGLang rejects it);
-- commit 1, the OLD layout: `python/sglang/bench_one_batch.py` with the flags of the early
-  releases (`--profile`, `--profile-filename-prefix`), per-step `Decode.  latency:` lines, and
-  one trace of the whole run written to the current directory without `_decode`;
-- commit 2, the CURRENT layout (as sglang 0.5.23): `python/sglang/benchmark/one_batch.py` only,
+The repository has two commits:
+- commit 1, an OLDER release: `python/sglang/bench_one_batch.py` with the early flags
+  (`--profile`, `--profile-filename-prefix`), per-step `Decode.  latency:` lines, one trace of
+  the whole run written to the current directory without `_decode`; `__version__` written in
+  `python/sglang/version.py`; no step spans; a by-stage server profiler that does not read
+  SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS (its `srt/environ.py` does not declare it);
+- commit 2, tagged `v0.5.23`, the CURRENT layout: `python/sglang/benchmark/one_batch.py` only,
   with `--profile-stage/-steps/-start-step/-record-shapes/-prefix`, `Decode {i}. Batch size:`
-  lines, the `Decode.  median latency` line, and the decode trace written to
+  lines, the `Decode.  median latency` line, the decode trace written to
   $SGLANG_TORCH_PROFILER_DIR as `{prefix}_batch{bs}_input{il}_output{ol}_decode.trace.json.gz`;
-- in both, `python -m sglang.launch_server` (--host/--port): GET /health, POST /generate (SSE
-  when streaming), POST /start_profile and /stop_profile with SGLang's by-stage logic, one
-  scheduler process per TP rank, each writing `[prefix-]{profile_id}-TP-{rank}[-DECODE]...` with
-  a `step[DECODE bs=N]` span per forward, as SGLang's server profiling does.
+  a setuptools-scm version (`python/sglang/version.py` holds no number: the tag is the version);
+  SGLang's step spans; the decode-capture variable.
 
-Both append SGLang's JSONL record to --result-filename and write a REAL torch.profiler trace
-(CPU ops of a tiny MLA-like decode model, with_stack=True). The model's attention runs
+In both, `python -m sglang.launch_server` (--host/--port) serves GET /health, POST /generate
+(server-sent events when streaming), POST /start_profile and /stop_profile, with one scheduler
+process per TP rank, and models what the engine's server path depends on:
+- the scheduler's batching (`scheduler.py` event_loop_normal, get_next_batch_to_run): each loop
+  takes the requests that have arrived, runs a prefill (EXTEND) batch of the waiting ones first
+  if there are any, else one decode step of the running batch; requests that arrive at different
+  times are prefilled in separate EXTEND batches, between decode steps of the earlier ones;
+- the profiler manager's by-stage counting (`profiler_manager.py:413-457`), including the lost
+  decode trace (a late prefill saves the decode capture as -EXTEND; /stop_profile then answers
+  500) and, in commit 2, its remedy SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS;
+- SGLang's step spans (commit 2): every ModelRunner.forward inside
+  `torch.profiler.record_function(build_step_span_name(...))`, `step[EXTEND bs=N toks=T]` and
+  `step[DECODE bs=N]`, in one-batch and server runs alike, with decode under a CUDA-graph-like
+  shape (`--disable-cuda-graph`, deprecated in 0.5.23 but accepted, turns it off).
+
+Both benchmarks append SGLang's JSONL record to --result-filename and write REAL torch.profiler
+traces (CPU ops of a tiny MLA-like decode model, with_stack=True). The model's attention runs
 `python/sglang/srt/layers/attention/flashinfer_mla_backend.py`, which holds SGLang's whole-pool
 cast line verbatim; `fake-gather-then-cast.patch` beside this file replaces it with a
 gather-then-cast, so a patched run really does less work (no pool-sized `aten::copy_`).
 
-Knob, for tests only: FAKE_SGLANG_NO_RESULT_FILE=1 makes the benchmark skip the JSONL (as a run
-whose --result-filename is empty does), to exercise the engine's printed-lines fallback.
+Knobs, for tests only (they are not SGLang's):
+- FAKE_SGLANG_NO_RESULT_FILE=1: the benchmark skips the JSONL (as a run whose
+  --result-filename is empty does), to exercise the engine's printed-lines fallback;
+- FAKE_SGLANG_BURST=n and FAKE_SGLANG_STAGGER_STEPS=g: the server holds /generate requests
+  until n have come, then lets them reach the scheduler g scheduler steps apart (0: together).
+  Real SGLang admits each request when it arrives, so its batches depend on timing; the knobs
+  give a test one batch structure every time, on a loaded machine too.
 
     python tests/standins/make_fake_sglang.py DIR   # creates DIR as a git repository
 """
@@ -41,31 +61,130 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parents[1]) not in sys.path:  # run as a script: the repository root, for `ingest`
+    sys.path.insert(0, str(HERE.parents[1]))
+
+from ingest.runs.engines.sglang_choices import (  # noqa: E402  (0.5.23's lists, checked against the wheel)
+    ATTENTION_BACKEND_CHOICES,
+    KV_CACHE_DTYPE_CHOICES,
+    LOAD_FORMAT_CHOICES,
+)
+
 GATHER_PATCH = HERE / "fake-gather-then-cast.patch"
 STALE_PATCH = HERE / "fake-stale-context.patch"
-VERSION = "0.5.23+stand-in"
+CURRENT_VERSION = "0.5.23"  # commit 2's tag, v0.5.23
+OLD_VERSION = "0.4.0"  # commit 1's python/sglang/version.py
 WHOLE_POOL_CAST = "k_buffer = self.token_to_kv_pool.get_key_buffer(layer.layer_id).to(q.dtype)"
 
-INIT = f'''"""Stand-in for sglang (tests/standins/make_fake_sglang.py): SGLang cannot be installed here."""
+INIT = '''"""Stand-in for sglang (tests/standins/make_fake_sglang.py): SGLang cannot be installed here."""
 
-__version__ = "{VERSION}"
+from sglang.version import __version__  # noqa: F401
 '''
 
-PYPROJECT = '''[project]
+OLD_VERSION_PY = f'''__version__ = "{OLD_VERSION}"
+'''
+
+# sglang 0.5.23's python/sglang/version.py: no number in the tree. The version comes from the
+# generated _version.py of a build, else the INSTALLED package's metadata, else setuptools-scm on
+# the git tags. A probe that imports sglang from a fresh worktree (no _version.py) thus reports
+# the installed package's version, not the checkout's.
+CURRENT_VERSION_PY = '''try:
+    from sglang._version import __version__
+except ImportError:
+    try:
+        import importlib.metadata
+
+        __version__ = importlib.metadata.version("sglang")
+    except Exception:
+        try:
+            import pathlib
+
+            from setuptools_scm import get_version
+
+            __version__ = get_version(root=str(pathlib.Path(__file__).parent.parent.parent),
+                                      fallback_version="0.0.0.dev0")
+        except Exception:
+            __version__ = "0.0.0.dev0"
+'''
+
+OLD_PYPROJECT = f'''[project]
+name = "sglang"
+version = "{OLD_VERSION}"
+dependencies = ["torch", "sgl-kernel==0.1.0"]
+'''
+
+CURRENT_PYPROJECT = '''[project]
 name = "sglang"
 dynamic = ["version"]
 dependencies = ["torch", "sglang-kernel==0.4.10"]
+
+[tool.setuptools_scm]
+root = ".."
+version_file = "sglang/_version.py"
 '''
 
-SERVER_ARGS = '''"""The server flags the stand-in honours: SGLang's names, aliases and choices."""
+# sglang/srt/environ.py, the few variables the stand-in reads (0.5.23: lines 143-158 parse,
+# 458 SGLANG_PROFILE_V2, 462 SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS). Commit 1 lacks the last.
+ENVIRON = '''"""SGLang's environment variables (stand-in for sglang/srt/environ.py): the few it reads."""
+
+import os
+
+
+class EnvField:
+    def __init__(self, default):
+        self.default = default
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def get(self):
+        value = os.getenv(self.name)
+        if value is None:
+            return self.default
+        try:
+            return self.parse(value)
+        except ValueError:
+            return self.default
+
+
+class EnvBool(EnvField):
+    def parse(self, value):
+        value = value.lower()
+        if value in ["true", "1", "yes", "y"]:
+            return True
+        if value in ["false", "0", "no", "n"]:
+            return False
+        raise ValueError(value)
+
+
+class EnvInt(EnvField):
+    def parse(self, value):
+        return int(value)
+
+
+class Envs:
+    SGLANG_PROFILE_WITH_STACK = EnvBool(True)
+    SGLANG_PROFILE_RECORD_SHAPES = EnvBool(True)
+    SGLANG_PROFILE_V2 = EnvBool(False)
+__DECODE_MIN_BS_FIELD__
+
+envs = Envs()
+'''
+DECODE_MIN_BS_FIELD = '''    # profile_by_stage: do not start the decode-stage capture until a decode batch
+    # reaches this many requests (0 = first decode batch).
+    SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS = EnvInt(0)
+'''
+
+SERVER_ARGS = f'''"""The server flags the stand-in honours: SGLang's names, aliases and (0.5.23's) choices."""
 
 import argparse
 import dataclasses
 
-ATTENTION_BACKEND_CHOICES = ["flashinfer", "triton", "torch_native", "fa3", "flashmla", "cutlass_mla", "trtllm_mla"]
-KV_CACHE_DTYPE_CHOICES = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"]
-LOAD_FORMAT_CHOICES = ["auto", "pt", "safetensors", "npcache", "dummy"]
-
+ATTENTION_BACKEND_CHOICES = {list(ATTENTION_BACKEND_CHOICES)!r}
+KV_CACHE_DTYPE_CHOICES = {list(KV_CACHE_DTYPE_CHOICES)!r}
+LOAD_FORMAT_CHOICES = {list(LOAD_FORMAT_CHOICES)!r}
+'''
+SERVER_ARGS += '''
 
 @dataclasses.dataclass
 class ServerArgs:
@@ -75,6 +194,9 @@ class ServerArgs:
     kv_cache_dtype: str = "auto"
     attention_backend: str = None
     max_total_tokens: int = None
+    max_running_requests: int = None
+    max_prefill_tokens: int = 16384
+    disable_cuda_graph: bool = False
     trust_remote_code: bool = False
     log_level: str = "info"
     host: str = "127.0.0.1"
@@ -88,6 +210,9 @@ class ServerArgs:
         parser.add_argument("--kv-cache-dtype", type=str, default="auto", choices=KV_CACHE_DTYPE_CHOICES)
         parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES)
         parser.add_argument("--max-total-tokens", type=int, default=None)
+        parser.add_argument("--max-running-requests", type=int, default=None)
+        parser.add_argument("--max-prefill-tokens", type=int, default=16384)
+        parser.add_argument("--disable-cuda-graph", action="store_true")
         parser.add_argument("--trust-remote-code", action="store_true")
         parser.add_argument("--log-level", type=str, default="info")
         parser.add_argument("--host", type=str, default="127.0.0.1")
@@ -116,8 +241,71 @@ class FlashInferMLAAttnBackend:
         return torch.bmm(scores, k[..., :KV_LORA_RANK])
 '''
 
-MODEL_RUNNER = '''"""A tiny MLA-like decode model: per layer a BF16 projection, attention over an FP8 (or BF16)
-KV pool through the attention backend, and an output projection."""
+# Commit 2: sglang 0.5.23's step span. ModelRunner.forward (model_executor/model_runner.py:1831)
+# enters profile_range(build_step_span_name(forward_batch, ...)); profile_range
+# (utils/nvtx_utils.py:84-97) is a torch record_function while a profiler runs and nothing
+# otherwise; build_step_span_name (utils/profile_utils.py:462-505) names it
+# `step[EXTEND bs={bs} toks={extend_num_tokens}]` for EXTEND and `step[{mode.name} bs={bs}]` for
+# every other mode (the detailed-annotation suffix only with a detailed_annotations profile,
+# which the engine does not ask for).
+STEP_SPAN_CURRENT = '''"""The step span around every ModelRunner.forward (stand-in for sglang 0.5.23's
+utils/profile_utils.py build_step_span_name and utils/nvtx_utils.py profile_range)."""
+
+from contextlib import nullcontext
+
+import torch
+
+
+def build_step_span_name(forward_batch):
+    bs = forward_batch.batch_size
+    if forward_batch.forward_mode == "EXTEND":
+        return f"step[EXTEND bs={bs} toks={forward_batch.extend_num_tokens or 0}]"
+    return f"step[{forward_batch.forward_mode} bs={bs}]"
+
+
+def step_span(forward_batch):
+    if not torch.autograd._profiler_enabled():
+        return nullcontext()
+    return torch.profiler.record_function(build_step_span_name(forward_batch))
+
+
+# torch 2.13 imports torch.profiler._cupti_monitor on the first record_function. Imported inside a
+# with_stack profile, that module's frames get names key_averages() cannot decode (UnicodeDecodeError
+# in about one run in four here), so one span is entered before any profile starts.
+with torch.profiler.record_function("stand-in warm-up"):
+    pass
+'''
+STEP_SPAN_OLD = '''"""Releases before build_step_span_name wrapped no span around ModelRunner.forward (stand-in)."""
+
+from contextlib import nullcontext
+
+
+def step_span(forward_batch):
+    return nullcontext()
+'''
+
+MODEL_RUNNER = '''"""A tiny MLA-like model run the way SGLang's ModelRunner runs one: per layer a BF16 projection,
+attention over an FP8 (or BF16) KV pool through the attention backend, and an output projection.
+
+The shape of a step, as sglang 0.5.23 has it (what the traces show):
+- outside the step span: the batch's preparation (prepare_for_extend / prepare_for_decode and
+  ForwardBatch.init_new allocate KV rows and build indices) and, after the forward, sample();
+- inside it (model_runner.py:1831): the forward; a decode batch replays a CUDA graph
+  (decode_cuda_graph_runner.py: can_run_graph :845, _copy_replay_inputs :1908), so its span
+  covers only the copy of the inputs into the graph's buffers and the launch, while prefill
+  runs eagerly inside its span.
+
+What a CPU cannot reproduce: on a GPU the replayed graph's kernels run on the device after the
+span has closed, while the host goes on to launch sample(); Kineto links them to the
+cudaGraphLaunch inside the span (correlation ids) and copies the span onto the GPU timeline
+(gpu_user_annotation). Torch's profiler on a CPU records only the thread that started it (ops
+of another thread are not captured), so here the launched work runs on the host thread when the
+host first waits for its result (sample(), the host's sync point), right after the span: the
+trace has the host-side shape of a graph replay (a short span, the model's ops after it), but no
+kernel rows, no launch-to-kernel correlation and no gpu_user_annotation. Requests of different
+lengths are padded to the longest (the backend views the indices as [bs, len, dim]; SGLang's
+kernels take ragged indices), and there is no radix cache (toks counts every input token).
+"""
 
 import glob
 import json
@@ -125,12 +313,14 @@ import os
 
 import torch
 
+from sglang.srt.fake_step_span import step_span
 from sglang.srt.layers.attention.flashinfer_mla_backend import KV_LORA_RANK, FlashInferMLAAttnBackend
 
 KV_DIM = 576
 HEADS = 4
 HIDDEN = 256
 DEFAULT_POOL_TOKENS = 8192
+CUDA_GRAPH_MAX_BS = 256
 # One thread: a stand-in on a shared 2-core machine times more steadily without OpenMP spinning.
 torch.set_num_threads(1)
 
@@ -161,10 +351,55 @@ class Layer:
         self.w_o = (torch.randn(HEADS * KV_LORA_RANK, HIDDEN, generator=gen) * 0.02).to(torch.bfloat16)
 
 
+class Req:
+    """One request's state on a rank: its KV rows and its last hidden state."""
+
+    def __init__(self, rid, input_len):
+        self.rid = rid
+        self.input_len = input_len
+        self.rows = None
+        self.hidden = None
+
+
 class ForwardBatch:
-    def __init__(self, kv_indices, batch_size):
-        self.kv_indices = kv_indices
-        self.batch_size = batch_size
+    """What one forward reads: its mode, batch size, new tokens and KV indices."""
+
+    def __init__(self, forward_mode, reqs):
+        self.forward_mode = forward_mode
+        self.batch_size = len(reqs)
+        self.extend_num_tokens = sum(r.input_len for r in reqs) if forward_mode == "EXTEND" else None
+        longest = max(len(r.rows) for r in reqs)
+        self.kv_indices = torch.cat([torch.cat([r.rows, r.rows[:1].expand(longest - len(r.rows))]) for r in reqs])
+
+
+class LaunchedWork:
+    """Work launched on the (stand-in) device: it runs when the host first waits for it."""
+
+    def __init__(self, run):
+        self._run = run
+        self._out = None
+
+    def wait(self):
+        if self._run is not None:
+            self._out, self._run = self._run(), None
+        return self._out
+
+
+class CudaGraphRunner:
+    """Decode under CUDA graphs, as the host sees it: replay copies the batch's inputs into the
+    graph's static buffers and launches the captured forward; the work runs after the span."""
+
+    def __init__(self, model_runner):
+        self.model_runner = model_runner
+        self.static_hidden = torch.zeros(CUDA_GRAPH_MAX_BS, HIDDEN, dtype=torch.bfloat16)
+
+    def can_run_graph(self, forward_batch):
+        return forward_batch.forward_mode == "DECODE" and forward_batch.batch_size <= CUDA_GRAPH_MAX_BS
+
+    def replay(self, forward_batch, hidden):
+        static = self.static_hidden[: forward_batch.batch_size]
+        static.copy_(hidden)
+        return LaunchedWork(lambda: self.model_runner.forward_raw(forward_batch, static))
 
 
 def read_model_config(server_args):
@@ -188,31 +423,53 @@ class ModelRunner:
         self.token_to_kv_pool = MLATokenToKVPool(self.max_total_num_tokens, len(self.layers),
                                                  server_args.kv_cache_dtype)
         self.attn_backend = FlashInferMLAAttnBackend(self)
+        self.graph_runner = None if server_args.disable_cuda_graph else CudaGraphRunner(self)
         self.gen = torch.Generator().manual_seed(2)
 
     def max_batch_size(self, input_len, output_len):
         return self.max_total_num_tokens // (input_len + output_len)
 
     @torch.no_grad()
-    def forward(self, hidden, batch):
+    def forward_raw(self, forward_batch, hidden):
         x = hidden
         for layer in self.layers:
-            q = (x @ layer.w_q).view(batch.batch_size, HEADS, KV_DIM)
-            o = self.attn_backend.forward_decode(q, layer, batch)
-            x = o.reshape(batch.batch_size, -1) @ layer.w_o
+            q = (x @ layer.w_q).view(forward_batch.batch_size, HEADS, KV_DIM)
+            o = self.attn_backend.forward_decode(q, layer, forward_batch)
+            x = o.reshape(forward_batch.batch_size, -1) @ layer.w_o
         return x
 
-    def extend(self, batch_size, input_len):
-        rows = torch.randperm(self.max_total_num_tokens, generator=self.gen)[: batch_size * input_len]
-        batch = ForwardBatch(rows, batch_size)
-        hidden = torch.randn(batch_size, HIDDEN, generator=self.gen).to(torch.bfloat16)
-        return self.forward(hidden, batch), batch
+    def forward(self, forward_batch, hidden):
+        """ModelRunner.forward: the step span around the forward; a decode batch replays the graph."""
+        with step_span(forward_batch):
+            if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
+                return self.graph_runner.replay(forward_batch, hidden)
+            return self.forward_raw(forward_batch, hidden)
 
-    def decode(self, hidden, batch):
-        new = torch.randint(0, self.max_total_num_tokens, (batch.batch_size,), generator=self.gen)
-        seqs = batch.kv_indices.view(batch.batch_size, -1)
-        batch = ForwardBatch(torch.cat([seqs, new[:, None]], dim=1).reshape(-1), batch.batch_size)
-        return self.forward(hidden, batch), batch
+    @torch.no_grad()
+    def sample(self, output, reqs):
+        """ModelRunner.sample, after the span: waits for the forward's output, picks the tokens."""
+        x = output.wait() if isinstance(output, LaunchedWork) else output
+        for req, row in zip(reqs, x):
+            req.hidden = row
+        return torch.argmax(x.float(), dim=-1)
+
+    def synchronize(self):
+        """Nothing is left running once sample() has the output (the host waited for it there)."""
+
+    def extend(self, reqs):
+        """A prefill batch: each request's KV rows (prepare_for_extend), the forward, sample."""
+        for req in reqs:
+            req.rows = torch.randperm(self.max_total_num_tokens, generator=self.gen)[: req.input_len]
+        hidden = torch.randn(len(reqs), HIDDEN, generator=self.gen).to(torch.bfloat16)
+        return self.sample(self.forward(ForwardBatch("EXTEND", reqs), hidden), reqs)
+
+    def decode(self, reqs):
+        """A decode batch: one new KV row each (prepare_for_decode), the forward, sample."""
+        new = torch.randint(0, self.max_total_num_tokens, (len(reqs),), generator=self.gen)
+        for req, row in zip(reqs, new):
+            req.rows = torch.cat([req.rows, row[None]])
+        hidden = torch.stack([req.hidden for req in reqs])
+        return self.sample(self.forward(ForwardBatch("DECODE", reqs), hidden), reqs)
 '''
 
 CURRENT_BENCH = '''"""
@@ -232,7 +489,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from sglang.srt.fake_model_runner import ModelRunner
+from sglang.srt.fake_model_runner import ModelRunner, Req
 from sglang.srt.server_args import ServerArgs
 
 
@@ -325,8 +582,11 @@ def latency_test_run_once(run_name, model_runner, rank_print, batch_size, input_
     profiler = None
     if enable_profile_prefill:
         profiler = start_profile(profile_activities, profile_record_shapes, rank_print)
+    reqs = [Req(i, input_len) for i in range(batch_size)]
+    model_runner.synchronize()
     tic = time.perf_counter()
-    hidden, batch = model_runner.extend(batch_size, input_len)
+    next_token_ids = model_runner.extend(reqs)
+    model_runner.synchronize()
     prefill_latency = time.perf_counter() - tic
     if enable_profile_prefill:
         stop_profile(profiler, profile_activities, rank_print, True,
@@ -345,12 +605,14 @@ def latency_test_run_once(run_name, model_runner, rank_print, batch_size, input_
     trace_filename_decode = None
     profiler = None
     for i in range(output_len - 1):
+        model_runner.synchronize()
         if enable_profile_decode and i == profile_start:
             trace_filename_decode = _create_torch_profiler_filename(
                 profile_prefix, batch_size, input_len, output_len, "decode")
             profiler = start_profile(profile_activities, profile_record_shapes, rank_print)
         tic = time.perf_counter()
-        hidden, batch = model_runner.decode(hidden, batch)
+        next_token_ids = model_runner.decode(reqs)
+        model_runner.synchronize()
         latency = time.perf_counter() - tic
         if enable_profile_decode and profiler is not None and i >= profile_end - 1:
             stop_profile(profiler, profile_activities, rank_print, True, trace_filename_decode, "decode")
@@ -429,7 +691,7 @@ from typing import Tuple
 
 import torch
 
-from sglang.srt.fake_model_runner import ModelRunner
+from sglang.srt.fake_model_runner import ModelRunner, Req
 from sglang.srt.server_args import ServerArgs
 
 
@@ -475,8 +737,9 @@ def latency_test_run_once(run_name, model_runner, rank_print, batch_size, input_
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
         profiler.start()
 
+    reqs = [Req(i, input_len) for i in range(batch_size)]
     tic = time.time()
-    hidden, batch = model_runner.extend(batch_size, input_len)
+    next_token_ids = model_runner.extend(reqs)
     prefill_latency = time.time() - tic
     tot_latency += prefill_latency
     throughput = input_len * batch_size / prefill_latency
@@ -487,7 +750,7 @@ def latency_test_run_once(run_name, model_runner, rank_print, batch_size, input_
     decode_latencies = []
     for i in range(output_len - 1):
         tic = time.time()
-        hidden, batch = model_runner.decode(hidden, batch)
+        next_token_ids = model_runner.decode(reqs)
         latency = time.time() - tic
         tot_latency += latency
         throughput = batch_size / latency
@@ -547,10 +810,157 @@ if __name__ == "__main__":
     latency_test(ServerArgs.from_cli_args(args), BenchArgs.from_cli_args(args))
 '''
 
+
+# sglang 0.5.23's SchedulerProfilerManager (v1), sglang/srt/managers/scheduler_components/
+# profiler_manager.py: _init_profile :89-162, _start_profile :170-284, _stop_profile :318-411,
+# _profile_batch_predicate :413-457, _profile :459-492; the line numbers in its comments are
+# that file's. Commit 1 lacks the decode-capture variable (lines 431-434).
+PROFILER_MANAGER = '''"""The scheduler's profiler manager, v1 (stand-in for sglang 0.5.23's
+sglang/srt/managers/scheduler_components/profiler_manager.py; line numbers are that file's).
+CPU activity only: the stand-in has no GPU, so "GPU" (ProfilerActivity.CUDA) is left out."""
+
+import os
+
+import torch
+
+from sglang.srt.environ import envs
+
+
+class SchedulerProfilerManager:
+    def __init__(self, tp_rank, get_forward_ct):
+        self.tp_rank = tp_rank
+        self.get_forward_ct = get_forward_ct
+        self.torch_profiler = None
+        self.activities = None
+        self.profiler_start_forward_ct = None
+        self.profiler_target_forward_ct = None
+        self.profiler_prefill_ct = None
+        self.profiler_decode_ct = None
+        self.profiler_target_prefill_ct = None
+        self.profiler_target_decode_ct = None
+        self.profile_by_stage = False
+        self.profile_in_progress = False
+
+    def init_profile(self, output_dir, start_step, num_steps, activities, with_stack, record_shapes,
+                     profile_by_stage, profile_id, profile_prefix=""):
+        # :121-162
+        if self.profile_in_progress:
+            return False, "Profiling is already in progress. Call /stop_profile first."
+        self.profile_by_stage = profile_by_stage
+        if output_dir is None:
+            output_dir = os.getenv("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+        if activities is None:
+            activities = ["CPU", "GPU"]
+        self.output_dir = os.path.expanduser(output_dir)
+        self.with_stack = with_stack
+        self.record_shapes = record_shapes
+        self.activities = activities
+        self.profile_id = profile_id
+        self.profile_prefix = profile_prefix
+        if start_step:
+            self.profiler_start_forward_ct = max(start_step, self.get_forward_ct() + 1)
+        if num_steps:
+            if self.profile_by_stage:
+                self.profiler_prefill_ct = 0
+                self.profiler_decode_ct = 0
+                self.profiler_target_prefill_ct = num_steps
+                self.profiler_target_decode_ct = num_steps
+            elif start_step:
+                self.profiler_target_forward_ct = self.profiler_start_forward_ct + num_steps
+            else:
+                self.profiler_target_forward_ct = self.get_forward_ct() + num_steps + 1
+        else:
+            self.profiler_target_forward_ct = None
+        return True, "Succeeded"
+
+    def start_profile(self, stage=None):
+        # :182-270: a torch profiler for the CPU activity; :278-281 CUDA_PROFILER drives nsys
+        if "CPU" in self.activities:
+            self.torch_profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU],
+                with_stack=self.with_stack if self.with_stack is not None else True,
+                record_shapes=self.record_shapes if self.record_shapes is not None else False)
+            self.torch_profiler.start()
+            self.profile_in_progress = True
+        if "CUDA_PROFILER" in self.activities:
+            self.profile_in_progress = True
+        return True, "Succeeded"
+
+    def stop_profile(self, stage=None):
+        # :325-329
+        if not self.profile_in_progress:
+            return False, "Profiling is not in progress. Call /start_profile first."
+        os.makedirs(self.output_dir, exist_ok=True)
+        stage_prefix = self.profile_prefix + "-" if self.profile_prefix else ""
+        stage_suffix = f"-{stage}" if stage else ""
+        if self.torch_profiler is not None:
+            self.torch_profiler.stop()
+            # :344-363 (DP/PP/EP parts only when those sizes are > 1: never here)
+            filename = (stage_prefix + "-".join([self.profile_id, f"TP-{self.tp_rank}"]) + stage_suffix
+                        + ".trace.json.gz")
+            self.torch_profiler.export_chrome_trace(os.path.join(self.output_dir, filename))
+            # :364 then waits at a barrier of the TP group; the stand-in's ranks run in lockstep
+        self.torch_profiler = None
+        self.profile_in_progress = False
+        self.profiler_start_forward_ct = None
+        return True, "Succeeded."
+
+    def profile_batch_predicate(self, forward_mode, batch_size):
+        # :413-457, called before every forward (scheduler.py:4639)
+        if self.profile_by_stage:
+            if forward_mode == "EXTEND":
+                if self.profiler_prefill_ct == 0:
+                    self.start_profile(forward_mode)
+                self.profiler_prefill_ct += 1
+                if self.profiler_prefill_ct > self.profiler_target_prefill_ct:
+                    if self.profile_in_progress:
+                        # :423-425: whatever capture runs, the decode one too, is saved as -EXTEND
+                        self.stop_profile(stage="EXTEND")
+            elif forward_mode == "DECODE":
+                if self.profiler_decode_ct == 0:
+                    if self.profile_in_progress:
+                        self.stop_profile(stage="EXTEND")
+__DECODE_MIN_BS_CHECK__                    self.start_profile(forward_mode)
+                self.profiler_decode_ct += 1
+                if self.profiler_decode_ct > self.profiler_target_decode_ct:
+                    if self.profile_in_progress:
+                        self.stop_profile(stage="DECODE")
+        else:
+            if self.profiler_target_forward_ct and self.profiler_target_forward_ct <= self.get_forward_ct():
+                self.stop_profile()
+            if self.profiler_start_forward_ct and self.profiler_start_forward_ct == self.get_forward_ct():
+                self.start_profile()
+
+    def profile(self, req):
+        # :459-492, with the request as tokenizer_control_mixin.py:401-417 completes it
+        if req.get("req_type") != "START_PROFILE":
+            return self.stop_profile()
+        args = (req.get("output_dir"), req.get("start_step"), req.get("num_steps"), req.get("activities"),
+                req.get("with_stack"), req.get("record_shapes"), bool(req.get("profile_by_stage")),
+                req["profile_id"], req.get("profile_prefix") or "")
+        if req.get("profile_by_stage") or req.get("start_step"):
+            return self.init_profile(*args)
+        self.init_profile(*args)
+        return self.start_profile()
+'''
+DECODE_MIN_BS_CHECK = '''                    # :431-434
+                    min_bs = envs.SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS.get()
+                    if min_bs > 0 and batch_size < min_bs:
+                        # Wait for full admission before capturing the decode stage
+                        return
+'''
+
 FAKE_SERVER = '''"""An HTTP server shaped like SGLang's where the engine touches it: GET /health, POST /generate
 (server-sent events when "stream"), POST /start_profile and /stop_profile; one scheduler process
-per TP rank, each with its own torch profiler, writing its trace under the name SGLang's
-profiler_manager gives it: [prefix-]{profile_id}-TP-{rank}[-EXTEND|-DECODE].trace.json.gz."""
+per TP rank, each with its own model runner and profiler manager, run in lockstep.
+
+The scheduler mirrors sglang 0.5.23's sglang/srt/managers/scheduler.py: event_loop_normal
+(:2026) takes the requests that have arrived (ingest_requests :2184), picks the next batch
+(get_next_batch_to_run :3894): a prefill (EXTEND) batch of waiting requests first when there are
+any (:3993), else one decode step of the running batch; run_batch (:4614) counts the forward
+(:4621) and asks the profiler manager before it (:4639). A prefilled request joins the running
+batch for the next step. Not modelled: chunked prefill, the overlap scheduler, the radix cache,
+retraction."""
 
 import json
 import multiprocessing
@@ -562,80 +972,60 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from sglang.srt.environ import envs
 
-class RankProfiler:
-    """profiler_manager's start/stop logic: by stage with num_steps, or num_steps forward steps."""
+BURST_WAIT_S = 60.0  # a held burst that never fills is let in after this (a test's safety net)
 
-    def __init__(self, tp_rank):
-        self.tp_rank = tp_rank
-        self.req = None
-        self.profiler = None
-        self.forward_ct = 0
 
-    def configure(self, req):
-        self.req = dict(req)
-        self.req["profile_id"] = self.req.get("profile_id") or str(time.time())
-        self.prefill_ct = self.decode_ct = 0
-        self.target_forward_ct = None
-        if not self.req.get("profile_by_stage"):
-            self.start()
-            if self.req.get("num_steps"):
-                self.target_forward_ct = self.forward_ct + self.req["num_steps"]
+class Arrivals:
+    """When /generate requests reach the scheduler's waiting queue. SGLang takes each as soon as
+    the tokenizer hands it over, so requests sent together can be prefilled in separate batches,
+    as timing has it; the stand-in does the same. FAKE_SGLANG_BURST=n (for tests) holds requests
+    until n have come, then lets them in FAKE_SGLANG_STAGGER_STEPS scheduler steps apart: one
+    batch structure every time, however loaded the machine."""
 
-    def start(self):
-        import torch
+    def __init__(self, burst, gap_steps):
+        self.burst = burst
+        self.gap_steps = gap_steps
+        self.held = []
+        self.held_since = None
+        self.scheduled = []  # (step, request)
 
-        self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                               with_stack=self.req.get("with_stack") is not False,
-                                               record_shapes=bool(self.req.get("record_shapes")))
-        self.profiler.start()
+    @classmethod
+    def from_env(cls):
+        return cls(int(os.environ.get("FAKE_SGLANG_BURST") or 0),
+                   int(os.environ.get("FAKE_SGLANG_STAGGER_STEPS") or 0))
 
-    def stop(self, stage=None):
-        if self.profiler is None:
-            return
-        self.profiler.stop()
-        out = self.req.get("output_dir") or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
-        os.makedirs(out, exist_ok=True)
-        prefix = self.req.get("profile_prefix")
-        name = ((prefix + "-" if prefix else "") + "-".join([self.req["profile_id"], f"TP-{self.tp_rank}"])
-                + (f"-{stage}" if stage else "") + ".trace.json.gz")
-        self.profiler.export_chrome_trace(os.path.join(out, name))
-        self.profiler = None
+    def add(self, req):
+        if not self.held:
+            self.held_since = time.monotonic()
+        self.held.append(req)
 
-    def before_batch(self, mode):
-        if self.req is None:
-            return
-        n = self.req.get("num_steps")
-        if self.req.get("profile_by_stage") and n:
-            if mode == "EXTEND":
-                if self.prefill_ct == 0:
-                    self.start()
-                self.prefill_ct += 1
-                if self.prefill_ct > n:
-                    self.stop("EXTEND")
-            else:
-                if self.decode_ct == 0:
-                    self.stop("EXTEND")
-                    self.start()
-                self.decode_ct += 1
-                if self.decode_ct > n:
-                    self.stop("DECODE")
-                    self.req = None
-        elif self.target_forward_ct is not None and self.forward_ct >= self.target_forward_ct:
-            self.stop()
-            self.req = None
+    def due(self, step):
+        """The requests that reach the waiting queue at this scheduler step."""
+        if not self.burst:
+            out, self.held = self.held, []
+            return out
+        if self.held and (len(self.held) >= self.burst or time.monotonic() - self.held_since > BURST_WAIT_S):
+            start = max(step, self.scheduled[-1][0] + self.gap_steps) if self.scheduled else step
+            burst, self.held = self.held[: self.burst], self.held[self.burst:]
+            self.held_since = time.monotonic()
+            self.scheduled += [(start + i * self.gap_steps, req) for i, req in enumerate(burst)]
+        out = [req for at, req in self.scheduled if at <= step]
+        self.scheduled = [(at, req) for at, req in self.scheduled if at > step]
+        return out
 
 
 def rank_main(server_args, tp_rank, inbox, outbox):
     try:
-        import torch
-
-        from sglang.srt.fake_model_runner import ModelRunner
+        from sglang.srt.fake_model_runner import ModelRunner, Req
+        from sglang.srt.fake_profiler_manager import SchedulerProfilerManager
 
         parent = os.getppid()
         runner = ModelRunner(server_args, tp_rank)
-        profiler = RankProfiler(tp_rank)
-        hidden = batch = None
+        forward_ct = [0]
+        profiler = SchedulerProfilerManager(tp_rank, lambda: forward_ct[0])
+        reqs = {}
         outbox.put(("done", tp_rank, None))
         while True:
             try:
@@ -644,30 +1034,40 @@ def rank_main(server_args, tp_rank, inbox, outbox):
                 if os.getppid() != parent:
                     return
                 continue
-            kind = msg[0]
+            kind, detail = msg[0], None
             if kind == "exit":
                 return
-            if kind == "start_profile":
-                profiler.configure(msg[1])
-            elif kind == "stop_profile":
-                profiler.stop()
-                profiler.req = None
-            else:
-                _, bs, il = msg
-                profiler.before_batch(kind)
-                with torch.profiler.record_function(f"step[{kind} bs={bs}]"):
-                    if kind == "EXTEND":
-                        hidden, batch = runner.extend(bs, il)
-                    else:
-                        hidden, batch = runner.decode(hidden, batch)
-                profiler.forward_ct += 1
-            outbox.put(("done", tp_rank, None))
+            if kind == "profile":
+                detail = profiler.profile(msg[1])
+            elif kind == "free":
+                for rid in msg[1]:
+                    reqs.pop(rid, None)
+            else:  # ("batch", mode, items)
+                _, mode, items = msg
+                forward_ct[0] += 1  # scheduler.py:4621
+                profiler.profile_batch_predicate(mode, len(items))  # scheduler.py:4639
+                if mode == "EXTEND":
+                    batch = [Req(rid, input_len) for rid, input_len in items]
+                    reqs.update((req.rid, req) for req in batch)
+                    runner.extend(batch)
+                else:
+                    runner.decode([reqs[rid] for rid in items])
+            outbox.put(("done", tp_rank, detail))
     except Exception:
         outbox.put(("error", tp_rank, traceback.format_exc()))
 
 
+class Request:
+    def __init__(self, rid, input_len, max_new_tokens):
+        self.rid = rid
+        self.input_len = input_len
+        self.max_new_tokens = max_new_tokens
+        self.done = 0
+        self.out = queue.Queue()
+
+
 class Scheduler:
-    """Runs the TP ranks in lockstep: one batch at a time, every rank the same step."""
+    """The TP ranks in lockstep, driven by SGLang's scheduling loop (see the module's docstring)."""
 
     def __init__(self, server_args):
         ctx = multiprocessing.get_context("spawn")
@@ -678,68 +1078,105 @@ class Scheduler:
         for p in self.procs:
             p.start()
         self.collect()
+        pool = server_args.max_total_tokens or 8192
+        self.max_running = server_args.max_running_requests or pool
+        self.max_prefill_tokens = server_args.max_prefill_tokens
+        self.arrivals = Arrivals.from_env()
+        self.waiting, self.running = [], []
+        self.step = 0
+        self.next_rid = 0
         self.commands = queue.Queue()
-        threading.Thread(target=self.loop, daemon=True).start()
+        threading.Thread(target=self.event_loop, daemon=True).start()
 
     def collect(self):
+        details = [None] * len(self.inboxes)
         for _ in self.inboxes:
             kind, rank, detail = self.outbox.get()
             if kind == "error":
                 raise RuntimeError(f"TP{rank} failed:\\n{detail}")
+            details[rank] = detail
+        return details
 
     def broadcast(self, msg):
         for q in self.inboxes:
             q.put(msg)
-        self.collect()
+        return self.collect()
 
-    def loop(self):
+    def event_loop(self):
         while True:
-            first = self.commands.get()
-            if first[0] == "control":
-                self.control(first)
-                continue
-            time.sleep(0.05)  # let requests sent together join one batch
-            reqs, controls = [first[1]], []
-            while True:
+            self.ingest_requests()
+            batch = self.get_next_batch_to_run()
+            if batch is not None:
+                mode, reqs = batch
+                items = [(r.rid, r.input_len) if mode == "EXTEND" else r.rid for r in reqs]
                 try:
-                    more = self.commands.get_nowait()
-                except queue.Empty:
+                    self.broadcast(("batch", mode, items))
+                    self.process_batch_result(mode, reqs)
+                except Exception as e:
+                    self.fail(e, reqs)
+            self.step += 1
+
+    def ingest_requests(self):
+        idle = not (self.waiting or self.running)
+        while True:
+            try:
+                command = self.commands.get(timeout=0.02) if idle else self.commands.get_nowait()
+            except queue.Empty:
+                break
+            idle = False
+            if command[0] == "generate":
+                self.arrivals.add(command[1])
+            else:  # ("control", msg, reply): answered between batches, as SGLang does
+                try:
+                    command[2].put(self.broadcast(command[1])[0])
+                except Exception as e:
+                    command[2].put((False, str(e)))
+        self.waiting += self.arrivals.due(self.step)
+
+    def get_next_batch_to_run(self):
+        if self.waiting and len(self.running) < self.max_running:
+            reqs, tokens = [], 0
+            for req in self.waiting:
+                if len(self.running) + len(reqs) >= self.max_running:
                     break
-                if more[0] == "generate":
-                    reqs.append(more[1])
-                else:
-                    controls.append(more)
-            self.run_batch(reqs)
-            for c in controls:
-                self.control(c)
+                if reqs and tokens + req.input_len > self.max_prefill_tokens:
+                    break
+                reqs.append(req)
+                tokens += req.input_len
+            self.waiting = self.waiting[len(reqs):]
+            return "EXTEND", reqs
+        if self.running:
+            return "DECODE", list(self.running)
+        return None
 
-    def control(self, command):
-        _, msg, reply = command
-        self.broadcast(msg)
-        reply.put("ok")
+    def process_batch_result(self, mode, reqs):
+        finished = []
+        for req in reqs:
+            req.done += 1
+            req.out.put(req.done)
+            if req.done >= req.max_new_tokens:
+                req.out.put(None)
+                finished.append(req)
+            elif mode == "EXTEND":
+                self.running.append(req)
+        if finished:
+            gone = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in gone]
+            self.broadcast(("free", [r.rid for r in finished]))
 
-    def run_batch(self, reqs):
-        bs, il = len(reqs), max(r["input_len"] for r in reqs)
-        steps = max(r["max_new_tokens"] for r in reqs)
-        try:
-            self.broadcast(("EXTEND", bs, il))
-            for r in reqs:
-                r["out"].put(1)
-            for i in range(1, steps):
-                self.broadcast(("DECODE", bs, il))
-                for r in reqs:
-                    if r["max_new_tokens"] > i:
-                        r["out"].put(i + 1)
-        except Exception as e:
-            for r in reqs:
-                r["out"].put(e)
-        for r in reqs:
-            r["out"].put(None)
+    def fail(self, error, batch):
+        """A rank failed: every request still open gets the error and ends."""
+        open_reqs = {id(r): r for r in batch + self.running + self.waiting if r.done < r.max_new_tokens}
+        for req in open_reqs.values():
+            req.out.put(error)
+            req.out.put(None)
+        self.running, self.waiting = [], []
 
     def submit(self, input_len, max_new_tokens):
-        out = queue.Queue()
-        self.commands.put(("generate", {"input_len": input_len, "max_new_tokens": max_new_tokens, "out": out}))
-        return out
+        self.next_rid += 1
+        req = Request(self.next_rid, input_len, max_new_tokens)
+        self.commands.put(("generate", req))
+        return req.out
 
     def run_control(self, msg):
         reply = queue.Queue()
@@ -753,6 +1190,16 @@ class Scheduler:
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
+
+
+def complete_profile_request(body):
+    """tokenizer_control_mixin.py:401-417: a START_PROFILE request with stack, shapes and id."""
+    req = dict(body or {})
+    req["req_type"] = "START_PROFILE"
+    req["with_stack"] = not (req.get("with_stack") is False or not envs.SGLANG_PROFILE_WITH_STACK.get())
+    req["record_shapes"] = req.get("record_shapes") is not False and envs.SGLANG_PROFILE_RECORD_SHAPES.get()
+    req["profile_id"] = req.get("profile_id") or str(time.time())
+    return req
 
 
 def make_handler(scheduler):
@@ -772,12 +1219,15 @@ def make_handler(scheduler):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            if self.path == "/start_profile":
-                scheduler.run_control(("start_profile", body))
-                return self.reply(200, b"Start profiling.\\n")
-            if self.path == "/stop_profile":
-                scheduler.run_control(("stop_profile",))
-                return self.reply(200, b"Stop profiling. This will take some time.\\n")
+            if self.path in ("/start_profile", "/stop_profile"):
+                # http_server.py:1221-1240; tokenizer_control_mixin.py:424-428 raises on the first
+                # rank's failure, which FastAPI answers with a plain 500
+                req = complete_profile_request(body) if self.path == "/start_profile" else {"req_type": "STOP_PROFILE"}
+                success, _ = scheduler.run_control(("profile", req))
+                if not success:
+                    return self.reply(500, b"Internal Server Error")
+                return self.reply(200, b"Start profiling.\\n" if self.path == "/start_profile"
+                                  else b"Stop profiling. This will take some time.\\n")
             if self.path != "/generate":
                 return self.reply(404)
             ids = body.get("input_ids") or [0] * len(str(body.get("text", "")).split())
@@ -837,7 +1287,6 @@ if __name__ == "__main__":
 '''
 
 COMMON_FILES = {
-    "python/pyproject.toml": PYPROJECT,
     "python/sglang/__init__.py": INIT,
     "python/sglang/srt/__init__.py": "",
     "python/sglang/srt/server_args.py": SERVER_ARGS,
@@ -848,15 +1297,31 @@ COMMON_FILES = {
     "python/sglang/srt/layers/attention/__init__.py": "",
     "python/sglang/srt/layers/attention/flashinfer_mla_backend.py": BACKEND,
 }
-OLD_FILES = {"python/sglang/bench_one_batch.py": OLD_BENCH}
-CURRENT_FILES = {"python/sglang/benchmark/__init__.py": "", "python/sglang/benchmark/one_batch.py": CURRENT_BENCH}
+OLD_FILES = {
+    "python/pyproject.toml": OLD_PYPROJECT,
+    "python/sglang/version.py": OLD_VERSION_PY,
+    "python/sglang/bench_one_batch.py": OLD_BENCH,
+    "python/sglang/srt/environ.py": ENVIRON.replace("__DECODE_MIN_BS_FIELD__\n", ""),
+    "python/sglang/srt/fake_step_span.py": STEP_SPAN_OLD,
+    "python/sglang/srt/fake_profiler_manager.py": PROFILER_MANAGER.replace("__DECODE_MIN_BS_CHECK__", ""),
+}
+CURRENT_FILES = {
+    "python/pyproject.toml": CURRENT_PYPROJECT,
+    "python/sglang/version.py": CURRENT_VERSION_PY,
+    "python/sglang/benchmark/__init__.py": "",
+    "python/sglang/benchmark/one_batch.py": CURRENT_BENCH,
+    "python/sglang/srt/environ.py": ENVIRON.replace("__DECODE_MIN_BS_FIELD__\n", DECODE_MIN_BS_FIELD),
+    "python/sglang/srt/fake_step_span.py": STEP_SPAN_CURRENT,
+    "python/sglang/srt/fake_profiler_manager.py": PROFILER_MANAGER.replace("__DECODE_MIN_BS_CHECK__",
+                                                                           DECODE_MIN_BS_CHECK),
+}
 
 
 @dataclass(frozen=True)
 class FakeSglang:
     path: Path
-    old_sha: str  # commit 1: sglang.bench_one_batch, early flags
-    current_sha: str  # commit 2: sglang.benchmark.one_batch only, as sglang 0.5.23
+    old_sha: str  # commit 1: sglang.bench_one_batch, early flags, no decode-capture variable
+    current_sha: str  # commit 2 (tag v0.5.23): sglang.benchmark.one_batch only, as sglang 0.5.23
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -875,18 +1340,19 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 
 def make_fake_sglang(path: Path) -> FakeSglang:
-    """Create a git repository at `path` (must not exist or be empty) with the two layouts."""
+    """Create a git repository at `path` (must not exist or be empty) with the two commits."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     _git(path, "init", "-q", "-b", "main")
     _write(path, {**COMMON_FILES, **OLD_FILES})
     _git(path, "add", "-A")
-    _git(path, "commit", "-q", "-m", "stand-in: early layout (sglang.bench_one_batch)")
+    _git(path, "commit", "-q", "-m", "stand-in: an older release (sglang.bench_one_batch)")
     old_sha = _git(path, "rev-parse", "HEAD")
     (path / "python/sglang/bench_one_batch.py").unlink()
     _write(path, CURRENT_FILES)
     _git(path, "add", "-A")
-    _git(path, "commit", "-q", "-m", "stand-in: current layout (sglang.benchmark.one_batch)")
+    _git(path, "commit", "-q", "-m", "stand-in: sglang 0.5.23's layout (sglang.benchmark.one_batch)")
+    _git(path, "tag", f"v{CURRENT_VERSION}")
     return FakeSglang(path, old_sha, _git(path, "rev-parse", "HEAD"))
 
 

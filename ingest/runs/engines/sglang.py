@@ -34,13 +34,14 @@ from typing import Callable
 
 from kernels.bundle import Manifest, Timing, write_bundle
 
-from ..errors import RunError
+from ..errors import CommandCancelled, CommandFailed, CommandTimeout, RunError
 from ..git import add_worktree, remove_worktree
 from ..hosts import Host
 from ..spec import Config, RunSpec, Workload
-from .sglang_server import (LAUNCH_SERVER_FILE, RUN_NAME, SERVER_DRIVER_SCRIPT,  # noqa: F401
+from .sglang_server import (ENVIRON_FILE, LAUNCH_SERVER_FILE, RUN_NAME, SERVER_DRIVER_SCRIPT,  # noqa: F401
                             SERVER_TIMING_METHOD, build_driver_config, build_engine_flags,
-                            build_profile_request, build_server_argv, check_server_workload)
+                            build_profile_request, build_server_argv, build_server_env, check_server_workload,
+                            explain_missing_decode, read_no_decode_report, reads_decode_min_bs)
 
 CURRENT_MODULE = "sglang.benchmark.one_batch"
 OLD_MODULE = "sglang.bench_one_batch"
@@ -256,25 +257,59 @@ def find_server_traces(names: list[str], profile_id: str, prefix: str | None = N
     return [name for _, _, name in sorted(chosen, key=lambda h: h[1])]
 
 
+# The versions probe runs on the host with the checkout's root as argv[1]. The sglang version is
+# the CHECKOUT's, never the installed package's: it never imports sglang, because 0.5.x's
+# python/sglang/version.py (setuptools-scm layout) falls back to importlib.metadata.version("sglang")
+# (the installed one) when the tree has no generated _version.py, and a fresh worktree has none.
+# In order: a literal __version__ in python/sglang/version.py or __init__.py (older layouts), the
+# static [project] version of python/pyproject.toml, else the tag the commit descends from
+# (`git describe --tags --long --match v[0-9]*`: "0.5.23" on the tag, "0.5.23-12-gabc1234" twelve
+# commits after it). "sglang_source" says which; "sglang_installed" is the installed package's.
 VERSIONS_SCRIPT = r'''
-import json, platform, re, subprocess, sys
+import json, os, platform, re, subprocess, sys
 from importlib import metadata
-found = {"python": platform.python_version(), "sglang": None, "sglang_kernel": None,
-         "sglang_kernel_package": None, "sglang_kernel_pinned": None, "torch": None, "cuda": None,
-         "driver": None, "gpu": None, "gpu_count": None, "cpu": platform.processor() or platform.machine()}
+found = {"python": platform.python_version(), "sglang": None, "sglang_source": None, "sglang_installed": None,
+         "sglang_kernel": None, "sglang_kernel_package": None, "sglang_kernel_pinned": None, "torch": None,
+         "cuda": None, "driver": None, "gpu": None, "gpu_count": None,
+         "cpu": platform.processor() or platform.machine()}
 checkout = sys.argv[1] if len(sys.argv) > 1 else "."
-try:
-    import sglang
-    found["sglang"] = str(sglang.__version__)
-except Exception:
+
+
+def read(rel):
+    try:
+        with open(os.path.join(checkout, rel)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def checkout_version():
     for rel in ("python/sglang/version.py", "python/sglang/__init__.py"):
-        try:
-            m = re.search(r"__version__\s*=\s*[\"']([^\"']+)", open(checkout + "/" + rel).read())
-        except OSError:
-            m = None
+        m = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", read(rel) or "", re.M)
         if m:
-            found["sglang"] = m.group(1)
-            break
+            return m.group(1), rel
+    project = re.split(r"^\[project\]\s*$", read("python/pyproject.toml") or "", maxsplit=1, flags=re.M)
+    if len(project) == 2:
+        m = re.search(r"^version\s*=\s*[\"']([^\"']+)[\"']", re.split(r"^\[", project[1], maxsplit=1, flags=re.M)[0],
+                      re.M)
+        if m:
+            return m.group(1), "python/pyproject.toml"
+    try:
+        out = subprocess.run(["git", "-C", checkout, "describe", "--tags", "--long", "--match", "v[0-9]*"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    m = re.fullmatch(r"v(.+)-(\d+)-(g[0-9a-f]+)", out.stdout.strip()) if out.returncode == 0 else None
+    if not m:
+        return None, None
+    return (m.group(1) if m.group(2) == "0" else f"{m.group(1)}-{m.group(2)}-{m.group(3)}"), "git describe"
+
+
+found["sglang"], found["sglang_source"] = checkout_version()
+try:
+    found["sglang_installed"] = metadata.version("sglang")
+except Exception:
+    pass
 for package in ("sglang-kernel", "sgl-kernel"):
     try:
         found["sglang_kernel"] = metadata.version(package)
@@ -400,7 +435,7 @@ class Measured:
     traces: list[str]  # file names in the profiler directory
     latency_s: float
     tok_per_s: float
-    profiled_steps: int
+    profiled_steps: int | None  # None: the trace's step spans tell
     method: str  # Timing.method
     output: str  # the benchmark's (or driver's) log
     extra: dict
@@ -499,23 +534,42 @@ def measure_one_batch(ctx: Context) -> Measured:
 
 
 def measure_server(ctx: Context) -> Measured:
-    """SGLang's server (any TP): every rank's DECODE trace, decode steps timed from streamed tokens."""
-    if not _has_file(ctx.host, ctx.dirs.worktree)(LAUNCH_SERVER_FILE):
+    """SGLang's server (any TP): every rank's DECODE trace, decode steps timed from streamed tokens.
+    A run whose server writes no DECODE trace ends with CommandFailed saying why (the driver
+    reports it as soon as the batch is over; explain_missing_decode words it)."""
+    has_file = _has_file(ctx.host, ctx.dirs.worktree)
+    if not has_file(LAUNCH_SERVER_FILE):
         raise RunError(f"the checkout has no {LAUNCH_SERVER_FILE}")
+    environ = (read_host_text(ctx.host, str(PurePosixPath(ctx.dirs.worktree, ENVIRON_FILE)), ctx.staging)
+               if has_file(ENVIRON_FILE) else None)
+    min_bs_read = reads_decode_min_bs(environ)
     w = ctx.spec.workload
     profile_id = uuid.uuid4().hex
     request = build_profile_request(ctx.dirs.profile, w.profile_steps, PROFILE_PREFIX, profile_id)
     server_argv = build_server_argv(ctx.python, w)
     config = build_driver_config(server_argv, w, result_file=ctx.dirs.result_file, trace_dir=ctx.dirs.profile,
                                  profile_request=request, startup_timeout_s=ctx.spec.timeout_s)
-    output = run_in_worktree(ctx, [ctx.python, "-c", SERVER_DRIVER_SCRIPT, json.dumps(config)])
+    try:
+        output = run_in_worktree(ctx, [ctx.python, "-c", SERVER_DRIVER_SCRIPT, json.dumps(config)])
+    except CommandFailed as e:
+        report = None if isinstance(e, (CommandTimeout, CommandCancelled)) or e.result is None \
+            else read_no_decode_report(e.result.output)
+        if report is None:
+            raise
+        raise CommandFailed(explain_missing_decode(report, w, trace_stem=config["trace_stem"],
+                                                   min_bs_read=min_bs_read), e.result) from None
     latency_s, tok_per_s, source_kind, record = read_decode_result(ctx, output)
     traces = find_server_traces(list_profile_dir(ctx), profile_id, PROFILE_PREFIX)
-    extra = {"module": "sglang.launch_server", "argv": server_argv, "profile_request": request,
-             "timing_source": source_kind, "result": record,
+    by_stage = all(t.split(".trace.json")[0].endswith("-DECODE") for t in traces)
+    extra = {"module": "sglang.launch_server", "argv": server_argv, "server_env": config["server_env"],
+             "decode_min_bs_read": min_bs_read, "profile_request": request, "timing_source": source_kind,
+             "result": record, "decode_capture": "by-stage" if by_stage else "stop_profile",
              "timing_note": "decode step = a request's time from its first streamed token to its last, per "
                             "token; median over the batch's requests; p10 and p90 equal it"}
-    return Measured(traces, latency_s, tok_per_s, w.profile_steps, SERVER_TIMING_METHOD, output, extra)
+    # A capture saved by /stop_profile holds the decode steps run until the batch ended: up to
+    # profile_steps, how many is for the trace's own step spans to say.
+    profiled = w.profile_steps if by_stage else None
+    return Measured(traces, latency_s, tok_per_s, profiled, SERVER_TIMING_METHOD, output, extra)
 
 
 def _check_runnable(spec: RunSpec, config: Config, sha: str, server: bool) -> tuple[str, tuple[str, ...]]:

@@ -1,10 +1,28 @@
-"""The sglang engine's server path (TP > 1): the command line of `sglang.launch_server`, the
-`/start_profile` request, and the small standard-library driver script that runs on the host
-(start the server, profile `profile_steps` decode steps by stage, send `batch_size` streaming
-requests, wait for every rank's DECODE trace). Pure builders, tested on SGLang's real contract
-(tests/test_engine_sglang.py, tests/test_sglang_flags.py); engines/sglang.py runs them."""
+"""The sglang engine's server path (TP > 1): the command line and environment of
+`sglang.launch_server`, the `/start_profile` request, the small standard-library driver script that
+runs on the host (start the server, profile `profile_steps` decode steps by stage, send
+`batch_size` streaming requests, collect every rank's DECODE trace), and the reading of its
+failure. Pure builders, tested on SGLang's real contract (tests/test_engine_sglang.py,
+tests/test_sglang_flags.py); engines/sglang.py runs them.
+
+How SGLang's by-stage profiler loses a decode trace (sglang 0.5.23,
+`sglang/srt/managers/scheduler_components/profiler_manager.py:413-439`): before every forward
+the scheduler (`scheduler.py:4639`) counts prefill and decode batches separately. The first
+prefill starts a capture; the first decode stops it (saved as `-EXTEND`) and starts the decode
+capture; the decode capture is saved as `-DECODE` before decode number `num_steps + 1`. But the
+prefill counter keeps counting while the decode capture runs, and prefill number `num_steps + 1`
+stops *whatever capture is running* and saves it as `-EXTEND` (line 425). Requests that arrive
+a few forwards apart are prefilled in separate batches between decodes (prefill first:
+`scheduler.py:3993`), so at batch size >= num_steps + 1 the decode capture can be lost: no
+`-DECODE` file ever appears and `/stop_profile` answers 500 (no capture in progress, line 325,
+raised at `tokenizer_control_mixin.py:427`). With `SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS=N`
+(`environ.py:462`; read at `profiler_manager.py:431`) the decode capture starts only at a decode
+batch of at least N requests, i.e. once the whole batch is admitted, and no prefill follows it.
+"""
 
 from __future__ import annotations
+
+import json
 
 from ..errors import RunError
 from ..spec import Workload
@@ -12,7 +30,10 @@ from ..spec import Workload
 RUN_NAME = "stepwatch"
 
 LAUNCH_SERVER_FILE = "python/sglang/launch_server.py"
+ENVIRON_FILE = "python/sglang/srt/environ.py"
 SERVER_TIMING_METHOD = "sglang-server-stream"
+DECODE_MIN_BS_ENV = "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"
+NO_DECODE_MARK = "[stepwatch driver] no decode trace: "
 
 
 def build_engine_flags(workload: Workload) -> list[str]:
@@ -36,6 +57,22 @@ def build_server_argv(python: str, workload: Workload) -> list[str]:
     return argv + build_engine_flags(workload) + list(workload.extra_args)
 
 
+def build_server_env(workload: Workload) -> dict[str, str]:
+    """What the driver adds to the server's environment: hold the decode capture back until a
+    decode batch holds all `batch_size` requests (no prefill can follow it, so it cannot be saved
+    as -EXTEND), and pin profiler manager v1 (`SGLANG_PROFILE_V2`, `environ.py:458`): v2 names its
+    files `-prefill`/`-decode`, stops a capture at any stage change and ignores the variable."""
+    return {DECODE_MIN_BS_ENV: str(workload.batch_size), "SGLANG_PROFILE_V2": "0"}
+
+
+def reads_decode_min_bs(environ_source: str | None) -> bool | None:
+    """Whether a checkout's `python/sglang/srt/environ.py` declares the decode-capture variable
+    (older releases ignore it); None when the checkout has no such file."""
+    if environ_source is None:
+        return None
+    return DECODE_MIN_BS_ENV in environ_source
+
+
 def build_profile_request(output_dir: str, profile_steps: int, profile_prefix: str, profile_id: str) -> dict:
     """The body of `POST /start_profile`: `profile_steps` decode steps of every rank, by stage
     (so the DECODE trace holds decode steps only), with stacks and shapes."""
@@ -54,8 +91,11 @@ def check_server_workload(workload: Workload) -> None:
 
 def build_driver_config(server_argv: list[str], workload: Workload, *, result_file: str, trace_dir: str,
                         profile_request: dict, startup_timeout_s: float, trace_timeout_s: float = 600.0) -> dict:
-    """What SERVER_DRIVER_SCRIPT reads from its one argument (JSON)."""
-    return {"server_argv": server_argv, "batch_size": workload.batch_size, "input_len": workload.input_len,
+    """What SERVER_DRIVER_SCRIPT reads from its one argument (JSON). trace_timeout_s bounds the
+    wait for a trace that is being written (and /stop_profile, which writes one), never a wait
+    for a trace that will not come."""
+    return {"server_argv": server_argv, "server_env": build_server_env(workload),
+            "batch_size": workload.batch_size, "input_len": workload.input_len,
             "output_len": workload.output_len, "ranks": workload.tp, "result_file": result_file,
             "trace_dir": trace_dir,
             "trace_stem": f"{profile_request['profile_prefix']}-{profile_request['profile_id']}",
@@ -63,15 +103,79 @@ def build_driver_config(server_argv: list[str], workload: Workload, *, result_fi
             "trace_timeout_s": trace_timeout_s, "run_name": RUN_NAME}
 
 
-# Runs on the host, standard library only: launch the server on a free port, wait for /health,
-# warm up, POST /start_profile, send batch_size streaming /generate requests at once, print the
-# decode figures in the one-batch benchmark's format and append its JSONL record, wait until every
-# rank's DECODE trace is written (POST /stop_profile if they do not come), stop the server. The
-# server is its child in its process group, so a timeout or cancel of the driver stops it too.
+def read_no_decode_report(output: str) -> dict | None:
+    """The driver's report that no DECODE trace came ({"found": [file names], "stop_profile":
+    its answer}), from its output; None when it made none."""
+    for line in reversed(output.splitlines()):
+        at = line.find(NO_DECODE_MARK)
+        if at >= 0:
+            try:
+                report = json.loads(line[at + len(NO_DECODE_MARK):])
+            except ValueError:
+                return None
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def _format_ranks(ranks: list[str]) -> str:
+    """`0-7` for every rank from 0 up, else `0, 2`."""
+    ordered = sorted(ranks, key=lambda r: (len(r), r))
+    if len(ordered) > 2 and ordered == [str(i) for i in range(len(ordered))]:
+        return f"0-{len(ordered) - 1}"
+    return ", ".join(ordered)
+
+
+def _summarise_traces(names: list[str], stem: str) -> str:
+    """`-EXTEND traces of TP 0-7` for the files of one profile (their long id left out)."""
+    kinds: dict[str, list[str]] = {}
+    for name in names:
+        rest = name.removeprefix(stem + "-TP-")
+        rank, _, tail = rest.partition("-")
+        stage = tail.split(".trace.json")[0].rpartition("-")[2] if tail else ""
+        stage = stage if stage in ("EXTEND", "DECODE") else ""
+        kinds.setdefault(f"-{stage}" if stage else "stageless", []).append(rank.split(".")[0])
+    parts = [f"{kind} traces of TP {_format_ranks(ranks)}" for kind, ranks in sorted(kinds.items())]
+    return "; ".join(parts) or "no trace"
+
+
+def explain_missing_decode(report: dict, workload: Workload, *, trace_stem: str, min_bs_read: bool | None) -> str:
+    """One line (under 500 characters, what the job table keeps) for a server run that wrote no
+    DECODE trace: what was expected, what the server wrote, what /stop_profile answered, why,
+    and what to change."""
+    bs = workload.batch_size
+    found = _summarise_traces([str(n) for n in report.get("found") or []], trace_stem)
+    answer = str(report.get("stop_profile") or "nothing")
+    status = answer.partition(":")[0] if answer.startswith("HTTP ") else answer
+    ranks = _format_ranks([str(r) for r in range(workload.tp)])
+    head = (f"no DECODE trace: expected {trace_stem}-TP-<rank>-DECODE.trace.json.gz (TP {ranks}), found {found}; "
+            f"/stop_profile answered {status}")
+    if status != "HTTP 500":
+        return head + " (see the driver's log)"
+    if min_bs_read:
+        return (f"{head} (no capture running): the decode capture never started: {DECODE_MIN_BS_ENV}={bs} waits for "
+                f"a decode batch of {bs} requests and none came; let the server run {bs} requests at once "
+                f"(--max-running-requests, KV memory) or lower batch_size")
+    where = "not in its srt/environ.py" if min_bs_read is False else "it has no srt/environ.py"
+    return (f"{head} (no capture running): a prefill after decode capture began (staggered arrivals) stopped it "
+            f"and saved it as -EXTEND; this checkout ignores {DECODE_MIN_BS_ENV} ({where}): raise profile_steps to "
+            f"at least batch_size ({bs}) or use a commit that reads it")
+
+
+# Runs on the host, standard library only: launch the server on a free port with
+# cfg["server_env"] added to its environment, wait for /health, warm up, POST /start_profile,
+# send batch_size streaming requests at once, print the decode figures in the one-batch
+# benchmark's format and append its JSONL record, then collect every rank's DECODE trace. Once
+# the batch has finished no forward runs, and SGLang's profiler only acts before a forward, so
+# every trace this profile will write by itself is written by then: if a rank's DECODE trace is
+# missing the driver asks /stop_profile at once (it saves a decode capture still running,
+# stageless, and answers 500 when none runs) and, failing that, prints NO_DECODE_MARK + JSON and
+# exits; it never waits for a trace that cannot come. The server is its child in its process
+# group, so a timeout or cancel of the driver stops it too.
 SERVER_DRIVER_SCRIPT = r'''
-import json, os, socket, statistics, subprocess, sys, threading, time, urllib.request
+import json, os, shlex, socket, statistics, subprocess, sys, threading, time, urllib.error, urllib.request
 
 cfg = json.loads(sys.argv[1])
+NO_DECODE_MARK = "[stepwatch driver] no decode trace: "
 
 
 def say(text):
@@ -160,19 +264,26 @@ def step_latency_s(chunks):
     return (chunks[-1][0] - chunks[0][0]) / (chunks[-1][1] - chunks[0][1])
 
 
-def wait_traces(folder, stem, ranks, timeout_s, decode_only):
-    """Every rank's trace, once their sizes stop changing; None after timeout_s."""
-    deadline, last = time.monotonic() + timeout_s, None
+def list_traces():
+    stem = cfg["trace_stem"] + "-TP-"
+    return sorted(n for n in os.listdir(cfg["trace_dir"]) if n.startswith(stem) and ".trace.json" in n)
+
+
+def stage_of(name):
+    stage = name.split(".trace.json")[0].rpartition("-")[2]
+    return stage if stage in ("EXTEND", "DECODE") else None
+
+
+def wait_written(names):
+    """Wait (at most trace_timeout_s) until the files' sizes stop changing."""
+    deadline, last = time.monotonic() + cfg["trace_timeout_s"], None
     while time.monotonic() < deadline:
-        names = sorted(n for n in os.listdir(folder) if n.startswith(stem + "-TP-") and ".trace.json" in n
-                       and (not decode_only or "-DECODE.trace.json" in n))
-        if len(names) >= ranks:
-            sizes = [os.path.getsize(os.path.join(folder, n)) for n in names]
-            if sizes == last:
-                return names
-            last = sizes
-        time.sleep(2)
-    return None
+        sizes = [os.path.getsize(os.path.join(cfg["trace_dir"], n)) for n in names]
+        if sizes == last:
+            return
+        last = sizes
+        time.sleep(1)
+    sys.exit(f"the traces {', '.join(names)} were still growing after {cfg['trace_timeout_s']:.0f} s")
 
 
 def measure(url):
@@ -195,19 +306,29 @@ def measure(url):
 
 
 def collect_traces(url):
-    names = wait_traces(cfg["trace_dir"], cfg["trace_stem"], cfg["ranks"], cfg["trace_timeout_s"], True)
-    if names is None:
-        say("no DECODE trace from every rank yet; stop_profile: " + post(url + "/stop_profile", {}, 600))
-        names = wait_traces(cfg["trace_dir"], cfg["trace_stem"], cfg["ranks"], cfg["trace_timeout_s"], False)
-    if names is None:
-        sys.exit(f"the server wrote no trace of every rank into {cfg['trace_dir']}")
+    names = [n for n in list_traces() if stage_of(n) == "DECODE"]
+    if len(names) < cfg["ranks"]:
+        try:
+            answer = "HTTP 200: " + post(url + "/stop_profile", {}, cfg["trace_timeout_s"])
+        except urllib.error.HTTPError as e:
+            answer = f"HTTP {e.code}: {e.read().decode(errors='replace').strip()[:200]}"
+        except Exception as e:
+            answer = repr(e)[:200]
+        say("no DECODE trace of every rank after the batch; stop_profile: " + answer)
+        names = [n for n in list_traces() if stage_of(n) is None]
+        if not answer.startswith("HTTP 200") or len(names) < cfg["ranks"]:
+            print(NO_DECODE_MARK + json.dumps({"found": list_traces(), "stop_profile": answer}), flush=True)
+            sys.exit(3)
+        say("the decode capture was still running when the batch ended; /stop_profile saved it")
+    wait_written(names)
     say("traces: " + ", ".join(names))
 
 
 port = free_port()
 url = f"http://127.0.0.1:{port}"
-say("launching: " + " ".join(cfg["server_argv"]))
-server = subprocess.Popen(cfg["server_argv"] + ["--host", "127.0.0.1", "--port", str(port)])
+server_argv = cfg["server_argv"] + ["--host", "127.0.0.1", "--port", str(port)]
+say("launching: " + shlex.join([f"{k}={v}" for k, v in sorted(cfg["server_env"].items())] + server_argv))
+server = subprocess.Popen(server_argv, env={**os.environ, **cfg["server_env"]})
 try:
     wait_healthy(url, server, cfg["startup_timeout_s"])
     measure(url)
