@@ -314,6 +314,18 @@ def _find_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> t
         "window is read as one step; pass --steps N if it holds N iterations"]
 
 
+def _extent_per_step(step: np.ndarray, start: np.ndarray, end: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(earliest start, latest end) of each of n steps (inf, -inf for a step without any)."""
+    first, last = np.full(n, np.inf), np.full(n, -np.inf)
+    if len(step):
+        order = np.argsort(step, kind="stable")
+        s = step[order]
+        heads = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        first[s[heads]] = np.minimum.reduceat(start[order], heads)
+        last[s[heads]] = np.maximum.reduceat(end[order], heads)
+    return first, last
+
+
 def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> Steps:
     """Place each kernel in a step and time the steps from GPU activity.
 
@@ -341,10 +353,7 @@ def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> 
         inside = step >= 0
         # a CPU op's own span, not its self time, bounds the activity of a CPU-only trace
         end = kernels.ts_us + (trace.dur_us[kernels.event] if kernels.from_cpu_ops else kernels.dur_us)
-        first = np.full(n, np.inf)
-        last = np.full(n, -np.inf)
-        np.minimum.at(first, step[inside], kernels.ts_us[inside])
-        np.maximum.at(last, step[inside], end[inside])
+        first, last = _extent_per_step(step[inside], kernels.ts_us[inside], end[inside], n)
         has = last >= first
         use = has if not kernels.from_cpu_ops else has & np.isnan(wall)
         wall[use] = last[use] - first[use]

@@ -46,7 +46,9 @@ class Nesting:
             # start that sort at or after it (itself included), which come last among that start
             zero = (ge == gs).astype(np.int64)
             zeros_up_to = np.cumsum(zero)
-            same_start_end = np.searchsorted(gs, gs, "right") - 1  # last position with this start
+            new_start = np.r_[gs[1:] != gs[:-1], True]
+            run_end = np.flatnonzero(new_start)  # the last position of each run of equal starts
+            same_start_end = run_end[np.r_[0, np.cumsum(new_start[:-1])]]
             closed -= zeros_up_to[same_start_end] - zeros_up_to + zero
             depth[lo:hi] = np.arange(1, hi - lo + 1) - closed
         return cls(order, t, s, e, depth, groups)

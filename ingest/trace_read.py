@@ -16,6 +16,7 @@ object work that one process cannot spread over two cores.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import multiprocessing
 import os
@@ -163,11 +164,14 @@ class _Columns:
         self.ids_out_of_range = 0  # correlation / External ids outside int64, read as absent
 
     @staticmethod
-    def _encode(values: list, table: dict) -> np.ndarray:
-        """Codes of `values` in `table` (a value -> id dict that grows as needed)."""
+    def _encode(values: list, table: dict) -> tuple[np.ndarray, list]:
+        """(codes of `values` in `table`, a value -> id dict that grows as needed; the values
+        new to it)."""
+        start = len(table)
         for value in dict.fromkeys(values):  # the distinct values, found in C
             table.setdefault(value, len(table))
-        return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
+        new = list(itertools.islice(table, start, None)) if len(table) > start else []
+        return np.fromiter(map(table.__getitem__, values), np.int32, len(values)), new
 
     def _ids(self, values: list) -> np.ndarray:
         """Correlation / External ids as int64; None (absent) and ids no int64 holds become -1
@@ -190,16 +194,15 @@ class _Columns:
             return
         kind = np.fromiter(map(code.__getitem__, map(_CAT, kept)), np.int8, n)
         names = list(map(_NAME, kept))
-        new = [v for v in dict.fromkeys(names) if v not in self.names]
+        name_id, new = self._encode(names, self.names)
         longest = max(new, key=len, default="")
         if len(longest) > self.limits.max_name_chars:
             at = first + next(i for i, e in enumerate(events) if e.name is longest)
             raise TraceError(self.path, f"traceEvents[{at}] field 'name' is {len(longest):,} characters long, over "
                                         f"the limit of {self.limits.max_name_chars:,}")
-        name_id = self._encode(names, self.names)
         ts = np.fromiter(map(_TS, kept), np.float64, n)
         dur = np.fromiter(map(_DUR, kept), np.float64, n)
-        thread = self._encode(list(zip(map(_PID, kept), map(_TID, kept))), self.threads)
+        thread, _ = self._encode(list(zip(map(_PID, kept), map(_TID, kept))), self.threads)
         args = list(map(_ARGS, kept))
         # None (JSON null or absent) becomes NaN in a float array, then -1
         corr = self._ids(list(map(_CORR, args)))
@@ -209,7 +212,7 @@ class _Columns:
         if len(ops):
             op_args = [args[i] for i in ops.tolist()]
             keys = list(zip(map(bytes, map(_DIMS, op_args)), map(bytes, map(_TYPES, op_args))))
-            shape[ops] = self._encode(keys, self.shapes)
+            shape[ops], _ = self._encode(keys, self.shapes)
         self.parts.append((number, (kind, name_id, ts, dur, thread, corr, ext, shape)))
 
     def export(self) -> dict:
