@@ -93,23 +93,29 @@ if HAS_TRITON:
         first = tl.program_id(0).to(tl.int64) * ROWS
         if first < n:
             i = first + tl.arange(0, ROWS)
-            row_mask = (i < n)[:, None]
             r = tl.load(rows_ptr + i, mask=i < n, other=0).to(tl.int64)
             if SAME_ROWS:
                 o = r
             else:
                 o = i
-            src = pool_ptr + r[:, None] * pool_stride
-            dst = out_ptr + o[:, None] * out_stride
-            a = tl.arange(0, MAIN)[None, :]
-            tl.store(dst + a, _fp8_to_bf16(tl.load(src + a, mask=row_mask)), mask=row_mask)
-            if TAIL > 0:
-                b = MAIN + tl.arange(0, TAIL)[None, :]
-                if MAIN + TAIL == DIM:  # e.g. 576 = 512 + 64: only whole rows are masked
-                    tail_mask = row_mask
-                else:
-                    tail_mask = row_mask & (b < DIM)
-                tl.store(dst + b, _fp8_to_bf16(tl.load(src + b, mask=tail_mask)), mask=tail_mask)
+            _move_rows(pool_ptr, out_ptr, r, o, i < n, pool_stride, out_stride, DIM, MAIN, TAIL)
+
+    @triton.jit
+    def _move_rows(pool_ptr, out_ptr, src, dst, mask, pool_stride, out_stride,
+                   DIM: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr):
+        """out[dst[k]] = bf16(pool[src[k]]) where mask[k]: whole rows, a MAIN and a TAIL tile."""
+        m = mask[:, None]
+        s = pool_ptr + src.to(tl.int64)[:, None] * pool_stride
+        d = out_ptr + dst.to(tl.int64)[:, None] * out_stride
+        a = tl.arange(0, MAIN)[None, :]
+        tl.store(d + a, _fp8_to_bf16(tl.load(s + a, mask=m)), mask=m)
+        if TAIL > 0:
+            b = MAIN + tl.arange(0, TAIL)[None, :]
+            if MAIN + TAIL == DIM:  # e.g. 576 = 512 + 64: only whole rows are masked
+                tail_mask = m
+            else:
+                tail_mask = m & (b < DIM)
+            tl.store(d + b, _fp8_to_bf16(tl.load(s + b, mask=tail_mask)), mask=tail_mask)
 
 
 def _use_triton(tensor: torch.Tensor, backend: str) -> bool:
@@ -318,23 +324,6 @@ def _row_tiles(dim: int) -> tuple[int, int]:
 
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _move_rows(pool_ptr, out_ptr, src, dst, mask, pool_stride, out_stride,
-                   DIM: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr):
-        """out[dst[k]] = bf16(pool[src[k]]) where mask[k]: whole rows, a MAIN and a TAIL tile."""
-        m = mask[:, None]
-        s = pool_ptr + src.to(tl.int64)[:, None] * pool_stride
-        d = out_ptr + dst.to(tl.int64)[:, None] * out_stride
-        a = tl.arange(0, MAIN)[None, :]
-        tl.store(d + a, _fp8_to_bf16(tl.load(s + a, mask=m)), mask=m)
-        if TAIL > 0:
-            b = MAIN + tl.arange(0, TAIL)[None, :]
-            if MAIN + TAIL == DIM:  # e.g. 576 = 512 + 64: only whole rows are masked
-                tail_mask = m
-            else:
-                tail_mask = m & (b < DIM)
-            tl.store(d + b, _fp8_to_bf16(tl.load(s + b, mask=tail_mask)), mask=tail_mask)
 
     @triton.jit
     def _gather_live_kernel(

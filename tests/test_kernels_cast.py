@@ -186,7 +186,8 @@ def test_copy_live_indices_stops_at_the_count():
 
 _INTERPRETED = r"""
 import torch
-from kernels.kv_cast import FP8, copy_live_indices, gather_cast_live_pages, gather_cast_live_rows, LIVE_CONFIG
+from kernels.kv_cast import (FP8, LIVE_CONFIG, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_fp8_to_bf16,
+                             gather_cast_live_pages, gather_cast_live_rows)
 
 def same(a, b):  # every bit, except that a NaN only has to be NaN (torch on the CPU writes other bits)
     if a.dtype != torch.bfloat16:
@@ -230,6 +231,15 @@ dst = torch.full((300,), -1, dtype=torch.int32)
 if not both(lambda be, d: copy_live_indices(torch.arange(1000, dtype=torch.int32), torch.tensor([257]), d, backend=be),
             dst):
     failures.append("copy")
+# the exact-grid kernels (the fused reference strategy and the old patch kernel) share _move_rows
+rows = torch.randint(0, N, (100,), generator=gen, dtype=torch.int64)
+for count in (0, 37, 100):
+    if not both(lambda be, o: gather_cast_fp8_to_bf16(pool, rows, torch.tensor([count]), o, backend=be),
+                torch.full((100, D), 7.0, dtype=torch.bfloat16)):
+        failures.append(("gather", count))
+    if not both(lambda be, o: cast_rows_fp8_to_bf16(pool, rows, torch.tensor([count]), o, backend=be),
+                torch.full((N, 1, D), 7.0, dtype=torch.bfloat16)):
+        failures.append(("cast_rows", count))
 print("failures", failures)
 print("ok" if not failures else "FAILED")
 """
