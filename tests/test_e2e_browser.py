@@ -146,7 +146,7 @@ def test_every_page_a_cpu_run_from_the_form_and_its_comparison(dashboard, page):
     page.wait_for_url(re.compile(r"/run\?run=\d+"))
     page.get_by_text("Download trace.json.gz").wait_for()  # the page's last element
     text = _text(page)
-    assert "90.6 %" in text and "95.7 %" in text and "3bee539" in text
+    assert "90.6 %" in text and "98.9 %" in text and "3bee539" in text  # busy share of the GPU step time
     assert "Download trace.json.gz" in text and "ui.perfetto.dev" in text
     _shot(page, "2-run-glm5-full-pool-cast", charts=2)
 
