@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .categories import COPY_CATEGORIES, Rule, categorise
+from .categories import COPY_CATEGORIES, Rule, categorise, rules_time_limit
 from .devices import find_peak_gbps
 from .errors import TraceError
 from .nesting import Nesting
@@ -392,8 +392,9 @@ def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], nam
     rest, mixed = np.divmod(combos, 2)
     rest, kinds = np.divmod(rest, n_kinds)
     name_ids, launcher_codes = np.divmod(rest, n_launchers)
-    names_of = [categorise(rules, trace.names[n], launchers[l], ACTIVITY[k], bool(m))
-                for n, l, k, m in zip(name_ids.tolist(), launcher_codes.tolist(), kinds.tolist(), mixed.tolist())]
+    with rules_time_limit():
+        names_of = [categorise(rules, trace.names[n], launchers[l], ACTIVITY[k], bool(m))
+                    for n, l, k, m in zip(name_ids.tolist(), launcher_codes.tolist(), kinds.tolist(), mixed.tolist())]
     cat_codes, categories = _encode(np.array(names_of, dtype=object))
     return cat_codes[inverse.reshape(-1)], categories
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import signal
+import threading
 import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,7 @@ class Rule:
     launcher: re.Pattern | None = None
     activity: frozenset | None = None
     dtypes_differ: bool | None = None
+    origin: str = ""  # "FILE: rule N", for messages
 
     def matches(self, name: str, launcher: str, activity: str, dtypes_differ: bool) -> bool:
         return (
@@ -59,6 +63,8 @@ def load_rules(path: str | Path) -> list[Rule]:
         raise RulesError(f"{path}: no [[rule]] tables")
     out = []
     for i, r in enumerate(rules, 1):
+        if not isinstance(r, dict):
+            raise RulesError(f"{path}: rule {i} is not a table (write it as [[rule]] with fields)")
         unknown = set(r) - {"category", "name", "launcher", "activity", "dtypes_differ"}
         if unknown:
             raise RulesError(f"{path}: rule {i} has unknown field(s) {', '.join(sorted(unknown))}")
@@ -79,6 +85,7 @@ def load_rules(path: str | Path) -> list[Rule]:
             _compile(path, i, "launcher", r["launcher"]) if "launcher" in r else None,
             activity,
             dd,
+            f"{path}: rule {i}",
         ))
     return out
 
@@ -92,6 +99,39 @@ def load_rule_chain(user_rules: str | Path | None = None) -> list[Rule]:
 def categorise(rules: list[Rule], name: str, launcher: str = "", activity: str = "kernel",
                dtypes_differ: bool = False) -> str:
     for rule in rules:
-        if rule.matches(name, launcher, activity, dtypes_differ):
-            return rule.category
+        try:
+            if rule.matches(name, launcher, activity, dtypes_differ):
+                return rule.category
+        except _RegexTimeout:
+            raise RulesError(f"{rule.origin or 'a category rule'}: its regex took over {RULES_TIME_LIMIT_S:.0f} s "
+                             f"matching kernel names (catastrophic backtracking?): simplify it") from None
     return "other"
+
+
+# Matching every distinct kernel name against the rules takes milliseconds; a user regex that
+# backtracks catastrophically would hang an import for ever. A time limit stops it (CPython's re
+# checks for signals while it matches): only in the main thread, where signals can be received.
+RULES_TIME_LIMIT_S = 10.0
+
+
+class _RegexTimeout(Exception):
+    pass
+
+
+@contextmanager
+def rules_time_limit(seconds: float = RULES_TIME_LIMIT_S):
+    """Raise _RegexTimeout inside categorise() once the rules have matched for `seconds`."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _RegexTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -196,3 +196,25 @@ def test_kill_9_of_an_import_leaves_no_process_behind(tmp_path):
             time.sleep(0.05)
         assert not [c for c in children if _alive(c)], (i, children)
     assert helpers_seen >= 5  # most kills landed while the helper was reading
+
+
+@pytest.mark.parametrize("rules, expected", [
+    ('[[rule]]\ncategory = "evil"\nname = \'(a|aa)+$\'\n', "took over 10 s matching kernel names"),
+    ('rule = [1, 2]\n', "rule 1 is not a table"),
+    ('[[rule]]\ncategory = "x"\nactivity = "kernel"\n', "field 'activity' must be a list"),
+    ('[[rule]]\ncategory = "x"\nname = \'([a-\'\n', "is not a valid regex"),
+])
+def test_bad_rules_are_refused_in_one_line(rules, expected, tmp_path, capsys):
+    # a kernel name built to make the first rule's regex backtrack for ever
+    body = _body()
+    _first(body, "kernel")["name"] = "a" * 40 + "b"
+    trace = _write(tmp_path / "t.json", body)
+    path = tmp_path / "rules.toml"
+    path.write_text(rules)
+    db = tmp_path / "r.duckdb"
+    started = time.monotonic()
+    assert main(["import", str(trace), "--rules", str(path), "--db", str(db)]) == 2
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and expected in err[0], err
+    assert not db.exists()
