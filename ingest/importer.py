@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from db.store import RunRecord
-from kernels.bundle import Manifest, is_bundle, read_bundle
+from kernels.bundle import LABEL_RULE, Manifest, is_bundle, is_label, read_bundle
 
 from .analyse import RankFigures, analyse_trace
 from .categories import Rule
@@ -27,7 +27,6 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 # workload fields that say how a run was measured or which variant it is, not what it ran
 _NOT_SERIES = {"kv", "timing_steps", "warmup_steps", "profiled_steps", "profile_steps", "with_stack",
                "record_shapes", "seed"}
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@=:-]*$")
 _TRACE_NAME = re.compile(r"\.trace\.json(\.gz)?$")
 _DECODE_TRACE = re.compile(r"-DECODE\.trace\.json(\.gz)?$")
 
@@ -45,11 +44,11 @@ class ImportOptions:
 
 
 def check_label(field: str, value: str | None) -> str | None:
-    """A repo, commit or variant label: letters, digits and ._+/@=:- , not starting with '-'."""
+    """A repo, commit or variant label on the command line: the bundle format's label rule."""
     if value is None:
         return None
-    if not _LABEL.fullmatch(value) or len(value) > 200:
-        raise IngestError(f"--{field} {value!r}: use letters, digits and ._+/@=:- (not starting with '-')")
+    if not is_label(value):
+        raise IngestError(f"--{field} {value!r}: {LABEL_RULE}")
     return value
 
 

@@ -11,7 +11,9 @@ Only the standard library is used: kernels/ must run as is on the GPU machine.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +26,21 @@ MANIFEST_NAME = "manifest.json"
 
 class BundleError(ValueError):
     """A bundle directory or manifest that cannot be read; the message names the file."""
+
+
+# A repo, commit or variant label, in a manifest as on `ingest import`'s command line: letters,
+# digits and ._+/@=:- , not starting with '-' (nothing a shell or an option parser would read).
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@=:-]*$")
+MAX_LABEL_CHARS = 200
+LABEL_RULE = "use letters, digits and ._+/@=:- (not starting with '-')"
+# Sizes no real run has: a larger figure in a manifest is broken or hostile
+MAX_LAYERS = 100_000
+MAX_STEPS = 10_000_000
+MAX_BATCH = 10_000_000
+
+
+def is_label(value) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_LABEL_CHARS and LABEL.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -89,13 +106,45 @@ def _require(body: dict, key: str, kind: type | tuple, where: Path) -> Any:
     return value
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _is_count(value, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
+
+
+def _is_duration(value) -> bool:
+    """A positive, finite number of milliseconds (or tokens per second)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e12 and math.isfinite(value)
+
+
+def _read_timing(timing, where: Path) -> Timing:
+    if not isinstance(timing, dict):
+        raise BundleError(f"{where}: field 'timing' is not an object")
+    try:
+        timing = Timing(**timing)
+    except TypeError as e:
+        raise BundleError(f"{where}: field 'timing': {e}") from None
+    for key in ("median_ms", "p10_ms", "p90_ms", "tok_per_s"):
+        if not _is_duration(getattr(timing, key)):
+            raise BundleError(f"{where}: field 'timing.{key}' must be a positive, finite number")
+    if not isinstance(timing.step_ms, list) or not all(map(_is_duration, timing.step_ms)):
+        raise BundleError(f"{where}: field 'timing.step_ms' must be a list of positive, finite numbers")
+    if not isinstance(timing.method, str):
+        raise BundleError(f"{where}: field 'timing.method' must be a string")
+    return timing
+
+
 def read_bundle(directory: str | os.PathLike) -> Manifest:
     """Read and validate a bundle's manifest; raise BundleError naming the file and field."""
     where = Path(directory) / MANIFEST_NAME
     try:
-        body = json.loads(where.read_bytes())
+        body = json.loads(where.read_bytes(), parse_constant=_refuse_constant)
     except OSError as e:
         raise BundleError(f"{where}: cannot read ({e.strerror})") from None
+    except RecursionError:
+        raise BundleError(f"{where}: nested deeper than the JSON decoder's limit") from None
     except ValueError as e:
         raise BundleError(f"{where}: not JSON ({e})") from None
     if not isinstance(body, dict):
@@ -113,21 +162,23 @@ def read_bundle(directory: str | os.PathLike) -> Manifest:
             raise BundleError(f"{where}: trace {name!r} is missing from the bundle")
     timing = body.get("timing")
     if timing is not None:
-        if not isinstance(timing, dict):
-            raise BundleError(f"{where}: field 'timing' is not an object")
-        try:
-            timing = Timing(**timing)
-        except TypeError as e:
-            raise BundleError(f"{where}: field 'timing': {e}") from None
-        if not isinstance(timing.tok_per_s, (int, float)) or timing.tok_per_s <= 0:
-            raise BundleError(f"{where}: field 'timing.tok_per_s' must be a positive number")
+        timing = _read_timing(timing, where)
     layers = body.get("layers")
-    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0):
-        raise BundleError(f"{where}: field 'layers' must be a positive integer")
+    if layers is not None and not _is_count(layers, MAX_LAYERS):
+        raise BundleError(f"{where}: field 'layers' must be a whole number from 1 to {MAX_LAYERS:,}")
+    steps = body.get("profiled_steps")
+    if steps is not None and not _is_count(steps, MAX_STEPS):
+        raise BundleError(f"{where}: field 'profiled_steps' must be a whole number from 1 to {MAX_STEPS:,}")
     for key in ("workload", "device", "versions"):
         _require(body, key, dict, where)
+    batch = body["workload"].get("batch_size")
+    if batch is not None and not _is_count(batch, MAX_BATCH):
+        raise BundleError(f"{where}: field 'workload.batch_size' must be a whole number from 1 to {MAX_BATCH:,}")
     for key in ("engine", "variant"):
         _require(body, key, str, where)
+    for key in ("engine", "variant", "repo", "commit"):
+        if body.get(key) is not None and not is_label(body[key]):
+            raise BundleError(f"{where}: field {key!r} is {str(body[key])[:80]!r}: {LABEL_RULE}")
     known = {f for f in Manifest.__dataclass_fields__}
     return Manifest(
         **{k: v for k, v in body.items() if k in known and k != "timing"},

@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,3 +219,40 @@ def test_bad_rules_are_refused_in_one_line(rules, expected, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(path) in err[0] and expected in err[0], err
     assert not db.exists()
+
+
+BUNDLE = DATA / "bundles" / "tiny-fused-graph-nostack"
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m["workload"].update(batch_size="8"), "workload.batch_size"),
+    (lambda m: m["workload"].update(batch_size=10**30), "workload.batch_size"),
+    (lambda m: m.update(layers=4.5), "layers"),
+    (lambda m: m.update(layers=10**20), "layers"),
+    (lambda m: m.update(profiled_steps=-3), "profiled_steps"),
+    (lambda m: m["timing"].update(median_ms=float("nan")), "NaN is not a number JSON allows"),
+    (lambda m: m["timing"].update(p90_ms=float("inf")), "Infinity is not a number JSON allows"),
+    (lambda m: m["timing"].update(tok_per_s=-1.0), "timing.tok_per_s"),
+    (lambda m: m["timing"].update(step_ms=[1.0, "fast"]), "timing.step_ms"),
+    (lambda m: m.update(commit="--upload-pack=touch /tmp/pwned"), "'commit'"),
+    (lambda m: m.update(commit="$(rm -rf ~)"), "'commit'"),
+    (lambda m: m.update(variant="fix\nnext line"), "'variant'"),
+    (lambda m: m.update(variant="<img src=http://evil.example/x>"), "'variant'"),
+    (lambda m: m.update(repo="a'b\"c"), "'repo'"),
+])
+def test_a_hostile_bundle_manifest_is_refused_as_the_command_line_refuses_it(edit, field, tmp_path, capsys):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    edit(manifest)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    db = tmp_path / "b.duckdb"
+    assert main(["import", str(SMALL), "--db", str(db)]) == 0
+    with open_db(db, read_only=True) as store:
+        before = store.count_rows()
+    capsys.readouterr()
+    assert main(["import", str(bundle), "--db", str(db)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "manifest.json" in err[0] and field in err[0], err
+    with open_db(db, read_only=True) as store:
+        assert store.count_rows() == before
