@@ -13,7 +13,7 @@ from tests.helpers import DATA, ROOT, run_cli
 # prints how many reads it made and how many different run counts it saw: bounded by the work
 # the writers do, not by a number of seconds that a loaded machine may not honour.
 READER = textwrap.dedent("""
-    import os, sys
+    import os, sys, time
     sys.path.insert(0, {root!r})
     from db.store import open_db
     reads, seen = 0, set()
@@ -22,6 +22,7 @@ READER = textwrap.dedent("""
             store.list_jobs(limit=20)
             seen.add(store.con.execute("SELECT count(*), avg(tok_per_s) FROM runs").fetchall()[0][0])
         reads += 1
+        time.sleep(0.05)  # a page polls; a loop with no pause would hold the file from the writers
     print(reads, len(seen))
 """)
 
