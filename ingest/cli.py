@@ -350,12 +350,10 @@ def run_import(args) -> int:
         run_id, created = store.insert_run(record)
         if facts is not None:
             store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
-        if created and record.commit:
-            from .regress.track import series_of_run, track_changes
+    if created and record.commit:
+        from .regress.track import follow_run
 
-            series = series_of_run(store, run_id)
-            if series is not None:
-                track_changes(store, only=[series])
+        follow_run(args.db, run_id)  # its own short connections: the detection runs with none open
     print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "
           f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
     print(run_id)

@@ -12,7 +12,7 @@ as another adds its samples to that commit's point.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Iterable
 
 import numpy as np
@@ -20,6 +20,7 @@ import pandas as pd
 
 from db.series import (list_series, load_kernel_rows, load_points, load_run_facts, load_step_categories,
                        replace_changes)
+from db.store import open_db
 
 from ..categories import COPY_CATEGORIES
 from .detect import Point, detect_changes
@@ -96,21 +97,43 @@ def _metric_points(commits: pd.DataFrame, per_step: pd.DataFrame, kernels: dict[
                 yield f"kernel:{field}:{key}", False, pts
 
 
-def analyse_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> list[dict]:
-    """Detect, explain and diagnose the changes of one series; returns rows for replace_changes."""
+@dataclass(frozen=True)
+class SeriesData:
+    """Everything the detection of one series reads from the database, so that the detection
+    itself (seconds of CPU on a long series) runs with no connection open: DuckDB lets one
+    process have the file at a time, and readers and writers wait for whoever holds it."""
+
+    points: pd.DataFrame
+    per_step: pd.DataFrame
+    kernels: dict
+    facts: dict  # run id -> RunFacts
+
+
+def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> SeriesData | None:
+    """Read one series' runs, per-step samples and kernels; None when it spans fewer than two
+    commits (nothing to compare)."""
     points = load_points(store, series["repo"], series["engine"], series["workload_key"], series["device_name"],
                          series["variant"], seq_range)
     if points["commit_id"].nunique() < 2:
-        return []
-    commits = _commit_points(points)
-    per_step = load_step_categories(store, [int(r) for r in points["run_id"]])
+        return None
+    run_ids = [int(r) for r in points["run_id"]]
+    facts = {rid: _facts(store, rid) for rid in run_ids}
     kernels = {}
-    for rid in points["run_id"]:
-        k = load_kernel_rows(store, int(rid))
+    for rid in run_ids:
+        k = facts[rid].kernels.copy()
         k["key"] = k["name"] + "\x1f" + k["launcher"] + "\x1f" + k["source"]
-        kernels[int(rid)] = k
+        kernels[rid] = k
+    return SeriesData(points, load_step_categories(store, run_ids), kernels, facts)
+
+
+def detect_series_changes(data: SeriesData | None) -> list[dict]:
+    """Detect, explain and diagnose the changes of one series (no database); rows for
+    replace_changes."""
+    if data is None:
+        return []
+    commits = _commit_points(data.points)
     rows = []
-    for metric, higher, pts in _metric_points(commits, per_step, kernels):
+    for metric, higher, pts in _metric_points(commits, data.per_step, data.kernels):
         for ch in detect_changes(pts, higher_is_better=higher):
             good, bad = commits.iloc[ch.last_good], commits.iloc[ch.first_bad]
             between = int(bad["seq"] - good["seq"] - 1) if pd.notna(bad["seq"]) and pd.notna(good["seq"]) else 0
@@ -121,7 +144,7 @@ def analyse_series(store, series: dict, seq_range: tuple[int, int] | None = None
                    "rel_change": ch.rel_change,  # +inf for a kernel that appears
                    "p_value": ch.p_value, "commits_between": max(between, 0)}
             if metric in PRIMARY:
-                before, after = _facts(store, row["last_good_run_id"]), _facts(store, row["first_bad_run_id"])
+                before, after = data.facts[row["last_good_run_id"]], data.facts[row["first_bad_run_id"]]
                 explanation = explain_change(before.kernels, after.kernels, before.step_ms, after.step_ms)
                 row["explanation"] = {"kernels": _records(explanation.kernels.head(10)),
                                       "categories": _records(explanation.categories),
@@ -129,6 +152,11 @@ def analyse_series(store, series: dict, seq_range: tuple[int, int] | None = None
                 row["diagnosis"] = [asdict(f) for f in diagnose_change(before, after, explanation, bad["sha"])]
             rows.append(row)
     return rows
+
+
+def analyse_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> list[dict]:
+    """Detect, explain and diagnose the changes of one series; returns rows for replace_changes."""
+    return detect_series_changes(load_series(store, series, seq_range))
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
@@ -147,6 +175,22 @@ def track_changes(store, repo: str | None = None, seq_range: tuple[int, int] | N
         replace_changes(store, s["repo"], s, rows)
         found += [{**s, **r} for r in rows]
     return found
+
+
+def follow_run(db_path: str, run_id: int) -> tuple[dict | None, list[dict]]:
+    """Re-detect the changes of a new run's series and store them: read (one short connection),
+    detect (none), write (another short one). Returns (the series or None, the stored rows)."""
+    # (not read-only: DuckDB refuses a read-only connection beside the read-write one that a
+    # worker's heartbeat thread may hold in the same process)
+    with open_db(db_path) as store:
+        series = series_of_run(store, run_id)
+        data = load_series(store, series) if series is not None else None
+    if series is None:
+        return None, []
+    rows = detect_series_changes(data)
+    with open_db(db_path) as store:
+        replace_changes(store, series["repo"], series, rows)
+    return series, [{**series, **r} for r in rows]
 
 
 def series_of_run(store, run_id: int) -> dict | None:

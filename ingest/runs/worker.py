@@ -138,18 +138,17 @@ def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[st
     """Re-detect changes in the run's series and queue bisect runs; a failure here is logged,
     it does not fail the job that produced a good run."""
     from ..regress.bisect import plan_bisects
-    from ..regress.track import series_of_run, track_changes
+    from ..regress.track import follow_run
 
     try:
+        series, found = follow_run(db_path, run_id)  # no connection held while it detects
+        if series is None:
+            return
+        for row in found:
+            if row["metric"] in ("tok_per_s", "step_ms"):
+                say(f"change: {row['metric']} {row['direction']} {row['rel_change']:+.1%} "
+                    f"(p={row['p_value']:.2g}), {row['commits_between']} unmeasured commits between")
         with open_db(db_path) as store:
-            series = series_of_run(store, run_id)
-            if series is None:
-                return
-            found = track_changes(store, only=[series])
-            for row in found:
-                if row["metric"] in ("tok_per_s", "step_ms"):
-                    say(f"change: {row['metric']} {row['direction']} {row['rel_change']:+.1%} "
-                        f"(p={row['p_value']:.2g}), {row['commits_between']} unmeasured commits between")
             plan_bisects(store, config, say)
     except Exception as e:  # noqa: BLE001
         say(f"change tracking failed: {type(e).__name__}: {e}")
