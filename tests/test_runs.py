@@ -207,3 +207,23 @@ def test_spec_checks_name_the_field():
                     "extra_args": ["--x; reboot"]}}, Config(repos={"s": RepoConfig("s", "/x")}))
     spec = parse_spec({"engine": "reference", "workload": {"preset": "tiny", "kv": "fused"}})
     assert json.loads(spec.to_json())["workload"]["kv"] == "fused"
+
+
+@pytest.mark.parametrize("option, allowed", [
+    ("ProxyCommand=touch", False), ("LocalCommand=touch", False), ("PermitLocalCommand=yes", False),
+    ("KnownHostsCommand=touch", False), ("PKCS11Provider=/tmp/evil.so", False), ("ProxyJump=bastion", False),
+    ("LocalForward=8080", False), ("ForwardAgent=yes", False), ("Include=/tmp/other", False),
+    ("ConnectTimeout=5", True), ("StrictHostKeyChecking=accept-new", True), ("serveraliveinterval=30", True),
+])
+def test_ssh_options_are_an_allow_list(tmp_path, option, allowed):
+    from ingest.runs.errors import SpecError
+    from ingest.runs.spec import load_config
+
+    config = tmp_path / "stepwatch.toml"
+    config.write_text(f'[hosts.gpu1]\nssh = "root@10.0.0.5"\nssh_options = ["{option}"]\n')
+    if allowed:
+        assert load_config(config).hosts["gpu1"].ssh_options == (option,)
+    else:
+        # (PKCS11Provider is refused by the Key=value pattern already: its name holds digits)
+        with pytest.raises(SpecError, match="ssh_options: (.* not allowed: only options that run no command|must be)"):
+            load_config(config)

@@ -39,6 +39,21 @@ class HostConfig:
     ssh_options: tuple[str, ...] = ()
 
 
+# ssh options a host may set: connection, authentication and host-key settings. Options that run
+# a local command or load code (ProxyCommand, LocalCommand, KnownHostsCommand, PKCS11Provider,
+# SecurityKeyProvider, Match exec, ProxyJump: it starts another ssh), forward ports or agents, or pull in
+# other files (Include) are not.
+SSH_OPTIONS_SHOWN = (
+    "AddressFamily", "BatchMode", "CheckHostIP", "Ciphers", "Compression", "ConnectionAttempts",
+    "ConnectTimeout", "ControlMaster", "ControlPath", "ControlPersist", "HostKeyAlgorithms", "HostKeyAlias",
+    "HostbasedAuthentication", "IdentitiesOnly", "IPQoS", "KexAlgorithms", "LogLevel", "MACs",
+    "PasswordAuthentication", "PreferredAuthentications", "PubkeyAcceptedAlgorithms",
+    "PubkeyAuthentication", "ServerAliveCountMax", "ServerAliveInterval", "StrictHostKeyChecking", "TCPKeepAlive",
+    "UpdateHostKeys", "UserKnownHostsFile", "VerifyHostKeyDNS",
+)
+SSH_OPTIONS_ALLOWED = frozenset(o.lower() for o in SSH_OPTIONS_SHOWN)
+
+
 @dataclass(frozen=True)
 class RepoConfig:
     name: str
@@ -270,6 +285,10 @@ def load_config(path: str | Path | None) -> Config:
         _need(isinstance(opts, list) and all(isinstance(o, str) and re.fullmatch(r"[A-Za-z]+=[^\s;&|`$]+", o)
                                              for o in opts), f"{where}.ssh_options",
               "must be a list of Key=value ssh options")
+        refused = [o.split("=", 1)[0] for o in opts if o.split("=", 1)[0].lower() not in SSH_OPTIONS_ALLOWED]
+        _need(not refused, f"{where}.ssh_options",
+              f"{', '.join(refused)} not allowed: only options that run no command and load no code "
+              f"({', '.join(sorted(SSH_OPTIONS_SHOWN))})")
         for key in ("python", "workdir", "identity_file"):
             if h.get(key) is not None:
                 _need(isinstance(h[key], str) and re.fullmatch(r"[A-Za-z0-9._/~+-]+", h[key]) is not None
