@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import socket
 import time
@@ -19,6 +18,9 @@ from typing import Any
 
 import duckdb
 import pandas as pd
+
+from .attach import AttachError, attach, detach
+from .lock import DbLock, LockTimeout
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 DEFAULT_DB = os.environ.get("STEPWATCH_DB", "stepwatch.duckdb")
@@ -75,52 +77,79 @@ def _migration_files() -> list[tuple[int, str, Path]]:
     return out
 
 
-def _is_lock_conflict(error: Exception) -> bool:
-    text = str(error)
-    return "lock" in text.lower() and ("conflicting" in text.lower() or "could not set" in text.lower())
-
-
 def open_db(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, wait_s: float = 30.0) -> "Store":
     """Open (creating if needed) the database and bring its schema up to date.
 
     DuckDB lets one process write a file at a time (and no process read it meanwhile), so
     every stepwatch process -- the app, workers, CLI imports -- holds a connection only for the
-    few milliseconds of one unit of work and retries, with jittered back-off for up to `wait_s`,
-    while another holds it. Only after that does "busy" reach anyone, as StoreError."""
+    few milliseconds of one unit of work: the file is attached to the process's DuckDB instance
+    and detached on close (db/attach.py; a new instance per connection cost more than most
+    queries). The order in which processes get the file is db/lock.py's (one writer at a time;
+    a waiting reader before the next writer); a process that does not take those locks is
+    waited for by retrying the attach with jittered back-off. Either wait ends after `wait_s`,
+    and only then does "busy" reach anyone, as StoreError."""
     path = str(path)
     if read_only and not Path(path).exists():
         raise StoreError(f"{path}: no such database file")
     deadline = time.monotonic() + wait_s
-    delay = 0.005
-    while True:
-        try:
-            con = duckdb.connect(path, read_only=read_only)
-            break
-        except duckdb.Error as e:
-            if _is_lock_conflict(e) and time.monotonic() < deadline:
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.25)
-                continue
-            if _is_lock_conflict(e):
-                raise StoreError(f"{path}: database busy: another process held it for {wait_s:.0f} s") from None
-            raise StoreError(f"{path}: cannot open database ({str(e).splitlines()[0]})") from None
-    store = Store(con, path)
+    try:
+        hold = DbLock(path, write=not read_only, deadline=deadline)
+    except LockTimeout:
+        raise StoreError(f"{path}: database busy: another process held it for {wait_s:g} s") from None
+    try:
+        cursor, key = attach(path, read_only, deadline)
+    except AttachError as e:
+        hold.release()
+        if e.busy:
+            raise StoreError(f"{path}: database busy: another process held it for {wait_s:g} s") from None
+        raise StoreError(f"{path}: cannot open database ({e})") from None
+    except BaseException:
+        hold.release()
+        raise
+    store = Store(cursor, path, hold, key, read_only)
     if not read_only:
         try:
             store.migrate()
         except BaseException:
-            con.close()
+            store.close()
             raise
     return store
 
 
+HOLD_LOG = os.environ.get("STEPWATCH_DB_HOLD_LOG")  # a file: one line per closed connection
+
+
+def _log_hold(store: "Store", held_s: float) -> None:
+    """Who held the database and for how long (db/load_benchmark.py reads these lines)."""
+    import traceback
+
+    caller = next((f for f in reversed(traceback.extract_stack()[:-3]) if not f.filename.endswith("store.py")), None)
+    where = f"{Path(caller.filename).name}:{caller.lineno}:{caller.name}" if caller else "?"
+    with open(HOLD_LOG, "a") as out:
+        out.write(f"{os.getpid()} {'read' if store._read_only else 'write'} "
+                  f"{1000 * held_s:.1f} {where}\n")
+
+
 class Store:
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: str):
-        self.con = con
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: str, hold: DbLock | None = None,
+                 attached: str | None = None, read_only: bool = False):
+        self.con = con  # a cursor of the process's DuckDB instance, USE-ing the attached file
         self.path = path
+        self._hold, self._attached = hold, attached
+        self._opened, self._read_only = time.monotonic(), read_only
 
     def close(self) -> None:
-        self.con.close()
+        if self._hold is None:
+            return
+        try:
+            self.con.close()
+            if self._attached is not None:
+                detach(self._attached)
+        finally:
+            self._hold.release()
+            self._hold = None
+            if HOLD_LOG:
+                _log_hold(self, time.monotonic() - self._opened)
 
     def __enter__(self) -> "Store":
         return self
@@ -175,11 +204,14 @@ class Store:
 
     def insert_run(self, rec: RunRecord) -> tuple[int, bool]:
         """Write a run and its tables in one transaction. Returns (run_id, created); a run
-        with the same content hash is not written again and its id is returned."""
+        with the same content hash, or a second run for the same job, is not written and the
+        existing run's id is returned."""
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
             existing = self.find_run_by_hash(rec.content_hash)
+            if existing is None and rec.job_id is not None:
+                existing = self.find_run_of_job(rec.job_id)  # at most one run per job, whatever its attempts
             if existing is not None:
                 con.execute("ROLLBACK")
                 return existing, False
@@ -318,7 +350,7 @@ class Store:
     # -- the job queue ------------------------------------------------------------------
     JOB_FIELDS = ("job_id", "spec", "label", "status", "error_kind", "error", "queued_at", "started_at",
                   "finished_at", "heartbeat_at", "worker", "steps_done", "steps_planned",
-                  "cancel_requested", "run_id", "batch")
+                  "cancel_requested", "run_id", "batch", "attempts")
     LOG_LIMIT = 64 * 1024
 
     def enqueue_job(self, spec_json: str, label: str, batch: str | None = None) -> int:
@@ -327,9 +359,10 @@ class Store:
             [spec_json, label, batch],
         ).fetchone()[0]
 
-    def claim_job(self, worker: str, job_id: int | None = None) -> dict | None:
-        """Take the oldest queued job, or job `job_id` if it is queued (status -> running);
-        None when there is none to take."""
+    def claim_job(self, worker: str, job_id: int | None = None, worker_proc: str | None = None) -> dict | None:
+        """Take the oldest queued job, or job `job_id` if it is queued (status -> running, one
+        more attempt, no scratch yet); None when there is none to take. `worker_proc` tells
+        the worker's process apart from a later one with the same pid (ingest/runs/survival.py)."""
         self.con.execute("BEGIN TRANSACTION")
         try:
             row = self.con.execute(
@@ -339,8 +372,9 @@ class Store:
                 self.con.execute("COMMIT")
                 return None
             self.con.execute(
-                "UPDATE jobs SET status = 'running', worker = ?, started_at = current_timestamp,"
-                " heartbeat_at = current_timestamp WHERE job_id = ?", [worker, row[0]])
+                "UPDATE jobs SET status = 'running', worker = ?, worker_proc = ?, started_at = current_timestamp,"
+                " heartbeat_at = current_timestamp, attempts = coalesce(attempts, 0) + 1, scratch = NULL"
+                " WHERE job_id = ?", [worker, worker_proc, row[0]])
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
@@ -359,15 +393,81 @@ class Store:
         row = self.con.execute("SELECT cancel_requested FROM jobs WHERE job_id = ?", [job_id]).fetchone()
         return bool(row and row[0])
 
+    def beat_job(self, job_id: int, worker: str, attempt: int, steps_done: int, steps_planned: int | None,
+                 log_tail: str) -> str:
+        """The heartbeat of attempt `attempt` by `worker`, with its progress and log: 'running',
+        'cancel' (someone asked it to stop) or 'lost' (the job is no longer this attempt's: it
+        was taken back as a dead worker's, and nothing was written)."""
+        rows = self.con.execute(
+            "UPDATE jobs SET heartbeat_at = current_timestamp, steps_done = ?,"
+            " steps_planned = coalesce(?, steps_planned), log = right(?, ?)"
+            " WHERE job_id = ? AND status = 'running' AND worker = ? AND attempts = ? RETURNING cancel_requested",
+            [steps_done, steps_planned, log_tail, self.LOG_LIMIT, job_id, worker, attempt]).fetchall()
+        return "lost" if not rows else "cancel" if rows[0][0] else "running"
+
+    def add_job_scratch(self, job_id: int, worker: str, attempt: int, entry: dict) -> None:
+        """Note a directory the attempt made on a host, so that it is removed if the worker dies."""
+        self.con.execute(
+            "UPDATE jobs SET scratch = coalesce(scratch, '') || ? || chr(10)"
+            " WHERE job_id = ? AND status = 'running' AND worker = ? AND attempts = ?",
+            [json.dumps(entry, sort_keys=True), job_id, worker, attempt])
+
     def finish_job(self, job_id: int, status: str, *, run_id: int | None = None, error_kind: str | None = None,
-                   error: str | None = None, log: str | None = None) -> None:
+                   error: str | None = None, log: str | None = None, holder: tuple[str, int] | None = None) -> bool:
+        """End a job with a final status. With `holder` (worker, attempt) only while that attempt
+        still holds it; returns whether the job was written."""
         if status not in ("succeeded", "failed", "cancelled"):
             raise ValueError(f"finish_job: status {status!r}")
-        self.con.execute(
+        worker, attempt = holder or (None, None)
+        rows = self.con.execute(
             "UPDATE jobs SET status = ?, run_id = ?, error_kind = ?, error = ?,"
-            " log = coalesce(right(?, ?), log), finished_at = current_timestamp WHERE job_id = ?",
-            [status, run_id, error_kind, error, log, self.LOG_LIMIT, job_id],
-        )
+            " log = coalesce(right(?, ?), log), finished_at = current_timestamp WHERE job_id = ?"
+            " AND (? IS NULL OR (status = 'running' AND worker = ? AND attempts = ?)) RETURNING job_id",
+            [status, run_id, error_kind, error, log, self.LOG_LIMIT, job_id, worker, worker, attempt],
+        ).fetchall()
+        return bool(rows)
+
+    def release_job(self, job_id: int, worker: str, attempt: int, status: str, note: str, *,
+                    run_id: int | None = None, error_kind: str | None = None, error: str | None = None,
+                    count_attempt: bool = True) -> list[dict] | None:
+        """End attempt `attempt` of `worker` otherwise than by finishing its work: back to
+        'queued' (with count_attempt=False the attempt is given back: a worker stopped on purpose
+        is no failure), or a final status. `note` is appended to the job's log. Returns the
+        scratch the attempt noted, or None when the attempt no longer held the job."""
+        if status == "queued":
+            sql = ("UPDATE jobs SET status = 'queued', worker = NULL, worker_proc = NULL, started_at = NULL,"
+                   " heartbeat_at = NULL, steps_done = 0, steps_planned = NULL, attempts = attempts - ?,")
+            params = [0 if count_attempt else 1]
+        elif status in ("succeeded", "failed", "cancelled"):
+            sql = "UPDATE jobs SET status = ?, run_id = ?, error_kind = ?, error = ?, finished_at = current_timestamp,"
+            params = [status, run_id, error_kind, error]
+        else:
+            raise ValueError(f"release_job: status {status!r}")
+        rows = self.con.execute(
+            sql + " log = right(log || CASE WHEN log = '' THEN '' ELSE chr(10) END || ?, ?)"
+            " WHERE job_id = ? AND status = 'running' AND worker = ? AND attempts = ? RETURNING scratch",
+            params + [note, self.LOG_LIMIT, job_id, worker, attempt]).fetchall()
+        if not rows:
+            return None
+        return [json.loads(line) for line in (rows[0][0] or "").splitlines() if line]
+
+    def list_running_jobs(self, stale_s: float) -> list[dict]:
+        """Running jobs with what deciding whether their worker is alive needs: the worker and its
+        process stamp, the attempt, whether the heartbeat is older than `stale_s` seconds and
+        how old, whether someone asked to cancel, and the run already imported for the job."""
+        fields = ("job_id", "worker", "worker_proc", "attempts", "stale", "heartbeat_age_s", "cancel_requested",
+                  "imported_run_id")
+        rows = self.con.execute(
+            "SELECT job_id, worker, worker_proc, attempts,"
+            " coalesce(heartbeat_at < current_timestamp - to_seconds(?), true),"
+            " epoch(current_timestamp) - epoch(CAST(heartbeat_at AS TIMESTAMPTZ)), cancel_requested,"
+            " (SELECT min(r.run_id) FROM runs r WHERE r.job_id = jobs.job_id)"
+            " FROM jobs WHERE status = 'running' ORDER BY job_id", [stale_s]).fetchall()
+        return [dict(zip(fields, row)) for row in rows]
+
+    def find_run_of_job(self, job_id: int) -> int | None:
+        row = self.con.execute("SELECT min(run_id) FROM runs WHERE job_id = ?", [job_id]).fetchone()
+        return row[0] if row else None
 
     def request_cancel(self, job_id: int) -> str | None:
         """Cancel a queued job at once; ask a running one to stop. Returns the job's status."""
@@ -378,16 +478,6 @@ class Store:
                          [job_id])
         row = self.con.execute("SELECT status FROM jobs WHERE job_id = ?", [job_id]).fetchone()
         return row[0] if row else None
-
-    def fail_abandoned_jobs(self, stale_s: float) -> list[int]:
-        """Running jobs whose worker has not beaten for `stale_s` seconds: failed, 'worker died'."""
-        rows = self.con.execute(
-            "UPDATE jobs SET status = 'failed', error_kind = 'worker-died', finished_at = current_timestamp,"
-            " error = 'its worker stopped (no heartbeat for ' || CAST(? AS INTEGER) || ' s)'"
-            " WHERE status = 'running' AND heartbeat_at < current_timestamp - to_seconds(?) RETURNING job_id",
-            [stale_s, stale_s],
-        ).fetchall()
-        return [r[0] for r in rows]
 
     def find_jobs_by_spec(self, spec_json: str, statuses: tuple[str, ...]) -> list[int]:
         """Jobs with exactly this spec (specs are written with sorted keys) in these states."""
