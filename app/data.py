@@ -23,6 +23,8 @@ import streamlit as st
 from db import views
 from db.store import DEFAULT_DB, Store, StoreError, open_db
 
+from .markdown_text import Markdown, format_markdown
+
 _ONE_CONNECTION = threading.Lock()
 
 
@@ -47,19 +49,21 @@ def read_file_stamp(path: str) -> tuple:
     return tuple(stamp)
 
 
-def explain_store_error(error: Exception, path: str) -> str:
-    """The sentence a page shows for a database it cannot read."""
+def explain_store_error(error: Exception, path: str) -> Markdown:
+    """The sentence a page shows for a database it cannot read (Markdown: the path and the
+    error's text are shown as text)."""
     text = str(error).splitlines()[0]
     if isinstance(error, duckdb.Error):
-        return (f"The database at {path} cannot be read ({text}). If an older stepwatch wrote it, any write "
-                f"brings its schema up to date: start the worker, or import a trace.")
+        return format_markdown("The database at {} cannot be read ({}). If an older stepwatch wrote it, any write "
+                               "brings its schema up to date: start the worker, or import a trace.", path, text)
     if "database busy" in text:
-        return (f"The database is busy: another stepwatch process (a worker or an import) has held "
-                f"{path} for {find_wait_s():g} s. Reload the page in a moment.")
+        return format_markdown("The database is busy: another stepwatch process (a worker or an import) has held "
+                               "{} for {:g} s. Reload the page in a moment.", path, find_wait_s())
     if "no such database file" in text:
-        return (f"There is no database at {path} yet. Start stepwatch with ./run.sh (it loads the sample "
-                f"runs), or import a trace with `python -m ingest import PATH --db {path}`.")
-    return f"The database cannot be read: {text}"
+        return format_markdown("There is no database at {} yet. Start stepwatch with ./run.sh (it loads the sample "
+                               "runs), or import a trace with {:code}.", path,
+                               f"python -m ingest import PATH --db {path}")
+    return format_markdown("The database cannot be read: {}", text)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from app.changes import describe_change
 from app.diagnosis import diagnose_pair, is_patch_pair
 from app.kpis import show_run_kpis
 from app.labels import describe_run, describe_series, format_change, label_commit
+from app.markdown_text import format_markdown, format_markdown_list
 from app.tables import filter_rows, kernel_diff_columns, link_runs, variant_matrix_columns
 from app.widgets import read_int_param
 from db import views
@@ -69,7 +70,7 @@ else:
               right.selectbox("Run B (after)", ids, format_func=labels.get, key="compare_run_b",
                               index=ids.index(run_b)))
 if None in chosen:
-    st.info(f"{variant} was not measured at both commits, so there is nothing to compare.")
+    st.info(format_markdown("{} was not measured at both commits, so there is nothing to compare.", variant))
     st.stop()
 wanted = {"a": str(chosen[0]), "b": str(chosen[1]), "by": "commits" if by == "two commits" else "runs"}
 if wanted != {k: st.query_params.get(k) for k in wanted}:
@@ -91,20 +92,20 @@ if a["workload_id"] != b["workload_id"] or a["device"] != b["device"]:
 
 for name, run, base in (("A", a, None), ("B", b, a)):
     title = describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"], run["workload_key"])
-    st.markdown(f"**{name}** · [{title}](run?run={run['run_id']})")
+    st.markdown(format_markdown("**{}** · [{}](run?run={})", name, title, run["run_id"]))
     show_run_kpis(run, base)
 
 st.subheader("Diagnosis")
 try:
-    st.markdown("\n".join(f"- {text}" for text in diagnose_pair(a, b, comparison["kernels_a"],
-                                                                   comparison["kernels_b"])))
+    st.markdown(format_markdown_list(diagnose_pair(a, b, comparison["kernels_a"], comparison["kernels_b"])))
 except RegressError as e:
-    st.caption(f"No diagnosis for these two runs: {e}")
+    st.caption(format_markdown("No diagnosis for these two runs: {}", e))
 st.caption(("B is A patched: the same workload at the same commit with another variant." if is_patch_pair(a, b)
             else "From A to B: the headline change and the kernels that explain most of it."))
 for change in comparison["changes"].itertuples():
-    st.markdown(f"Confirmed at {change.first_bad_short_sha} in {change.repo} ({change.variant or 'no variant'}): "
-                f"**{describe_change(change)}**, p = {change.p_value:.2g} · [all changes](regressions)")
+    st.markdown(format_markdown("Confirmed at {} in {} ({}): **{}**, p = {:.2g} · [all changes](regressions)",
+                                change.first_bad_short_sha, change.repo, change.variant or "no variant",
+                                describe_change(change), change.p_value))
 
 st.subheader("What changed in the step time")
 st.altair_chart(charts.waterfall_chart(charts.waterfall_steps(diff, f"A: run {run_a}", f"B: run {run_b}")))

@@ -9,6 +9,7 @@ from app import data
 from app.changes import (DIRECTIONS, KINDS, describe_between, describe_metric, filter_changes,
                          format_metric_value, format_rel_change)
 from app.labels import describe_series
+from app.markdown_text import Markdown, format_markdown, format_markdown_list
 from app.widgets import select_in_url
 from db import views
 
@@ -38,20 +39,21 @@ shown = filter_changes(changes, repo, series_id, direction, kind)
 st.caption(f"{len(shown)} of {len(changes)} confirmed changes, newest first (by first bad commit).")
 for change in shown.itertuples():
     with st.container(border=True):
-        mark = ":red[regression]" if change.direction == "regression" else ":green[improvement]"
-        st.markdown(f"**{describe_metric(change.metric)}** {mark} · "
-                    f"{format_metric_value(change.metric, change.before_value)} -> "
-                    f"{format_metric_value(change.metric, change.after_value)} "
-                    f"(**{format_rel_change(change.rel_change)}**, p = {change.p_value:.2g})")
-        date = f"{change.first_bad_date:%Y-%m-%d %H:%M}" if pd.notna(change.first_bad_date) else "no date"
-        st.markdown(f"First bad commit `{change.first_bad_short_sha}` {change.first_bad_subject} · {date} · "
-                    f"{change.first_bad_author or 'unknown author'} (last good `{change.last_good_sha[:7]}`)")
-        st.caption(f"{series_names[change.series_id]} · "
-                   f"{describe_between(change.commits_between, change.bisect_runs)}")
+        mark = Markdown(":red[regression]" if change.direction == "regression" else ":green[improvement]")
+        st.markdown(format_markdown("**{}** {} · {} -> {} (**{}**, p = {:.2g})", describe_metric(change.metric), mark,
+                                    format_metric_value(change.metric, change.before_value),
+                                    format_metric_value(change.metric, change.after_value),
+                                    format_rel_change(change.rel_change), change.p_value))
+        date = Markdown(f"{change.first_bad_date:%Y-%m-%d %H:%M}") if pd.notna(change.first_bad_date) else "no date"
+        st.markdown(format_markdown("First bad commit {:code} {} · {} · {} (last good {:code})",
+                                    change.first_bad_short_sha, change.first_bad_subject, date,
+                                    change.first_bad_author or "unknown author", change.last_good_sha[:7]))
+        st.caption(format_markdown("{} · {}", series_names[change.series_id],
+                                   describe_between(change.commits_between, change.bisect_runs)))
         st.page_link("screens/compare.py", label="Compare the last good and the first bad run",
                      icon=":material/compare_arrows:",
                      query_params={"a": str(change.last_good_run_id), "b": str(change.first_bad_run_id),
                                    "by": "runs"})
         if change.diagnosis:
             with st.expander("Diagnosis"):
-                st.markdown("\n".join(f"- {finding['text']}" for finding in change.diagnosis))
+                st.markdown(format_markdown_list(finding["text"] for finding in change.diagnosis))

@@ -5,6 +5,7 @@ import streamlit as st
 from app import charts, data
 from app.kpis import show_rank_balance, show_run_kpis
 from app.labels import describe_run, describe_workload
+from app.markdown_text import format_markdown, format_markdown_list
 from app.tables import filter_rows, kernel_columns
 from app.traces import list_trace_files, read_bytes_later
 from app.widgets import read_int_param, select_in_url
@@ -28,9 +29,11 @@ if detail is None:
     st.stop()
 run = detail["run"]
 commit = f"{run['sha'][:7]} {run['subject'] or ''}" if run["sha"] else "no commit"
-st.caption(f"{run['repo'] or 'no repo'} · {commit} · variant {run['variant'] or '—'} · {run['engine'] or '—'} · "
-           f"{run['device'] or 'no GPU'} · {describe_workload(run['workload_key'])} · {run['steps']} profiled "
-           f"steps ({run['step_method']}) · imported {run['imported_at']:%Y-%m-%d %H:%M}")
+st.caption(format_markdown(
+    "{repo} · {commit} · variant {variant} · {engine} · {device} · {workload} · {steps} profiled steps ({method}) · "
+    "imported {at:%Y-%m-%d %H:%M}", repo=run["repo"] or "no repo", commit=commit, variant=run["variant"] or "—",
+    engine=run["engine"] or "—", device=run["device"] or "no GPU", workload=describe_workload(run["workload_key"]),
+    steps=run["steps"], method=run["step_method"], at=run["imported_at"]))
 
 show_run_kpis(run)
 if run["kernels_from_cpu_ops"]:
@@ -41,11 +44,11 @@ elif run["kernel_rows"] == 0:
 
 if run["diagnosis"]:
     st.subheader("Diagnosis")
-    st.markdown("\n".join(f"- {finding['text']}" for finding in run["diagnosis"]))
+    st.markdown(format_markdown_list(finding["text"] for finding in run["diagnosis"]))
     st.caption("Worked out at import from the kernels that take most of the step (on the first rank).")
 
 for note in run["notes"]:
-    st.caption(f"Note: {note}")
+    st.caption(format_markdown("Note: {}", note))
 
 ranks = detail["ranks"]
 if len(ranks) > 1:
@@ -71,15 +74,15 @@ st.caption(f"{len(shown)} of {len(kernels)} kernels, the most time first; click 
 st.dataframe(shown, hide_index=True, column_config=kernel_columns())
 
 if job is not None:
-    with st.expander(f"Log of job {job['job_id']} ({job['status']}): {job['label']}"):
+    with st.expander(format_markdown("Log of job {} ({}): {}", job["job_id"], job["status"], job["label"])):
         st.code(job["log"] or "(no output)", language=None)
 
 st.subheader("Trace")
 traces = list_trace_files(run["source_path"], run["trace_files"])
 if not traces:
-    st.caption(f"The trace ({run['source_path']}) is no longer on this machine.")
+    st.caption(format_markdown("The trace ({}) is no longer on this machine.", run["source_path"]))
 for path in traces:
-    st.download_button(f"Download {path.name}", read_bytes_later(path), file_name=path.name,
+    st.download_button(format_markdown("Download {}", path.name), read_bytes_later(path), file_name=path.name,
                        mime="application/octet-stream", icon=":material/download:", key=f"trace_{path}")
 if traces:
     st.caption("Open the downloaded file at ui.perfetto.dev (Open trace file) to see each step's kernels "

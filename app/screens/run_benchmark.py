@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import data, spec_inputs
 from app.job_form import plan_jobs
+from app.markdown_text import format_markdown
 from app.tables import link_runs, run_columns
 from db import views
 from ingest.runs.errors import RunError
@@ -17,7 +18,7 @@ st.caption("Queue runs for a worker (`python -m ingest worker`); each finished r
 try:
     config = load_config(os.environ.get("STEPWATCH_CONFIG"))
 except RunError as e:
-    st.warning(f"The config file cannot be used, so only this machine is offered: {e}")
+    st.warning(format_markdown("The config file cannot be used, so only this machine is offered: {}", e))
     config = load_config(None)
 
 engines = {"reference": "reference workload", "sglang": "SGLang server", "import": "import a trace"}
@@ -31,7 +32,7 @@ if submitted:
     try:
         plan = plan_jobs(form, config)
     except RunError as e:
-        st.error(f"Not queued: {e}")
+        st.error(format_markdown("Not queued: {}", e))
     else:
         def enqueue(store):
             for c in plan.commits:
@@ -40,11 +41,11 @@ if submitted:
 
         ids, problem = data.write(enqueue)
         if problem:
-            st.warning(f"Not queued: {problem}")
+            st.warning(format_markdown("Not queued: {}", problem))
         else:
-            st.success(f"Queued {len(ids)} job{'s' if len(ids) > 1 else ''} "
-                       f"({', '.join(map(str, ids))}): {plan.specs[0].describe()}"
-                       + (f" and {len(ids) - 1} more" if len(ids) > 1 else ""))
+            st.success(format_markdown("Queued {} job{} ({}): {}{}", len(ids), "s" if len(ids) > 1 else "",
+                                       ", ".join(map(str, ids)), plan.specs[0].describe(),
+                                       f" and {len(ids) - 1} more" if len(ids) > 1 else ""))
 
 
 SHOWN_ACTIVE = 20
@@ -52,8 +53,8 @@ SHOWN_ACTIVE = 20
 
 def cancel(job_id: int) -> None:
     status, problem = data.write(lambda store: store.request_cancel(job_id))
-    st.session_state["cancel_note"] = problem or f"Job {job_id}: " + (
-        "asked to stop; the worker ends it within seconds." if status == "running" else f"{status}.")
+    st.session_state["cancel_note"] = problem or format_markdown("Job {}: {}", job_id, (
+        "asked to stop; the worker ends it within seconds." if status == "running" else f"{status}."))
 
 
 @st.fragment(run_every="2s")
@@ -70,7 +71,7 @@ def show_jobs() -> None:
                    "Start one with `python -m ingest worker`.")
     for job in active[:SHOWN_ACTIVE]:
         with st.container(border=True):
-            st.markdown(f"**Job {job['job_id']}** · {job['status']} · {job['label']}")
+            st.markdown(format_markdown("**Job {}** · {} · {}", job["job_id"], job["status"], job["label"]))
             if job["status"] == "running":
                 done, planned = job["steps_done"], job["steps_planned"]
                 st.progress(min(done / planned, 1.0) if planned else 0.0,
@@ -88,7 +89,8 @@ def show_jobs() -> None:
         st.markdown("**Finished jobs**")
         for job in done.head(3).itertuples():
             if job.status == "failed":
-                st.error(f"Job {job.job_id} failed ({job.error_kind}): {job.error}. Its log is below.")
+                st.error(format_markdown("Job {} failed ({}): {}. Its log is below.", job.job_id, job.error_kind,
+                                         job.error))
         table = done.assign(open=link_runs(done["run_id"]),
                             why=[f"{k}: {e}" if k else "" for k, e in zip(done["error_kind"], done["error"])])
         st.dataframe(table, hide_index=True, column_order=["job_id", "status", "label", "open", "tok_per_s",

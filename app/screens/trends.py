@@ -4,6 +4,7 @@ import streamlit as st
 
 from app import charts, data
 from app.labels import describe_workload
+from app.markdown_text import format_markdown
 from app.tables import link_runs, run_columns
 from app.widgets import select_in_url
 from db import views
@@ -50,8 +51,9 @@ else:
                                     None if last == "all" else int(last)),
                                    (views.list_series_changes, repo, engine, device, workload_id))
     commits = trend["commit_order"].nunique()
-    st.markdown(f"**{describe_workload(keys[workload_id])}** — {len(trend)} runs at {commits} "
-                f"commit{'s' if commits != 1 else ''}, variants: {', '.join(sorted(trend['variant'].unique()))}")
+    variants = ", ".join(sorted(trend["variant"].unique()))
+    st.markdown(format_markdown("**{}** — {} runs at {} commit{}, variants: {}", describe_workload(keys[workload_id]),
+                                len(trend), commits, "s" if commits != 1 else "", variants))
     event = st.altair_chart(charts.trend_chart(trend, changes), on_select="rerun", key="trend_chart")
     if not changes.empty:
         st.caption("Dashed rules mark the first bad commit of each confirmed change of this series (red: "
