@@ -21,6 +21,7 @@ from .runs.errors import RunError, SpecError
 from .runs.git import list_first_parent
 from .runs.repos import ROOT as REPO_ROOT, locate_repo
 from .runs.spec import DEVICES, ENGINES, load_config, parse_spec
+from .runs.survival import MAX_ATTEMPTS, process_stamp
 from .runs.worker import check_runnable, execute_job, make_host_for, run_worker, worker_name
 
 
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="hosts, repos and patch sets (TOML); default $STEPWATCH_CONFIG")
     wrk.add_argument("--poll-s", type=_positive_float, default=1.0)
     wrk.add_argument("--exit-when-idle", action="store_true", help="stop when the queue is empty")
+    wrk.add_argument("--max-attempts", type=_positive_int, default=MAX_ATTEMPTS, metavar="N",
+                     help=f"attempts a job gets when its worker dies (default {MAX_ATTEMPTS}: one retry)")
 
     bf = sub.add_parser("backfill", help="queue runs along a repository's first-parent history")
     bf.add_argument("--repo", required=True, metavar="NAME_OR_PATH",
@@ -193,7 +196,7 @@ def run_run(args) -> int:
         print(job_id)
         return 0
     with open_db(args.db) as store:
-        job = store.claim_job(worker_name(), job_id)
+        job = store.claim_job(worker_name(), job_id, worker_proc=process_stamp())
     if job is None:
         raise RunError(f"job {job_id} was taken by a worker before this command could run it")
     bar = Progress(f"job {job_id}")
@@ -226,7 +229,7 @@ def run_worker_cmd(args) -> int:
     config = load_config(args.config)
     print(f"worker {worker_name()} on {args.db}", file=sys.stderr)
     run_worker(args.db, config, load_rule_chain(), poll_s=args.poll_s, exit_when_idle=args.exit_when_idle,
-               echo=lambda line: print(line, flush=True))
+               max_attempts=args.max_attempts, echo=lambda line: print(line, flush=True))
     return 0
 
 

@@ -3,8 +3,12 @@
 While a job runs, a reporter thread writes its progress, log tail and heartbeat to the
 database every few seconds and reads back whether someone asked to cancel it. A job always
 ends with a status and, when it failed, an error kind and one line: a failed job is data, not
-a lost run. A job whose worker died is failed by the next worker that looks (stale heartbeat).
-The database is written only here (and by CLI imports), in short transactions.
+a lost run. Jobs survive their worker (survival.py): a dead worker's job is queued again (or
+failed once its attempts are spent), a bundle it already wrote is imported rather than made
+again, and its scratch directories are removed. SIGTERM or SIGINT stops the running engine
+command and puts the job back in the queue without counting the attempt (a job whose engine
+had already finished is imported first: seconds), then the worker exits with status 0. The
+database is written only here (and by CLI imports), in short transactions.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +36,8 @@ from .git import CommitInfo, describe_commit, resolve_ref
 from .hosts import Host, LocalHost, make_host
 from .repos import ROOT
 from .spec import Config, RunSpec, parse_spec
+from .survival import (MAX_ATTEMPTS, kept_bundle_path, list_work_dirs, make_work_dir, process_stamp,
+                       remove_scratch, remove_work_dirs, take_back_dead_jobs)
 
 HEARTBEAT_S = 2.0
 STALE_S = 60.0
@@ -42,14 +48,18 @@ def make_host_for(config: Config, name: str) -> Host:
 
 
 class Reporter:
-    """Collects a job's output and progress; a thread writes them to the database."""
+    """Collects a job attempt's output and progress; a thread writes them to the database with
+    the heartbeat, and learns from it whether someone asked to cancel or the job was taken
+    back from this attempt (its heartbeat had stopped for too long)."""
 
-    def __init__(self, db_path: str, job_id: int, echo: Callable[[str], None] | None = None,
+    def __init__(self, db_path: str, job: dict, echo: Callable[[str], None] | None = None,
                  worker_stop: threading.Event | None = None):
-        self.db_path, self.job_id, self.echo = db_path, job_id, echo
-        self.lines: list[str] = []
+        self.db_path, self.job_id, self.echo = db_path, job["job_id"], echo
+        self.holder = (job["worker"], job["attempts"])
+        self.lines: list[str] = (job.get("log") or "").splitlines()  # earlier attempts' lines stay
         self.done, self.planned = 0, None
         self.cancel = threading.Event()  # someone asked, through the database
+        self.lost = threading.Event()  # the job is no longer this attempt's
         self.worker_stop = worker_stop or threading.Event()  # the worker itself is stopping
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
@@ -63,7 +73,7 @@ class Reporter:
         self.done, self.planned = done, planned
 
     def should_stop(self) -> bool:
-        return self.cancel.is_set() or self.worker_stop.is_set()
+        return self.cancel.is_set() or self.lost.is_set() or self.worker_stop.is_set()
 
     def log_text(self) -> str:
         return "\n".join(self.lines[-2000:])
@@ -75,10 +85,24 @@ class Reporter:
     def flush(self) -> None:
         try:
             with open_db(self.db_path, wait_s=5) as store:
-                if store.report_progress(self.job_id, self.done, self.planned, self.log_text()):
-                    self.cancel.set()
+                state = store.beat_job(self.job_id, *self.holder, self.done, self.planned, self.log_text())
         except StoreError:
-            pass  # busy: the next beat will write
+            return  # busy: the next beat will write
+        if state == "cancel":
+            self.cancel.set()
+        elif state == "lost":
+            self.lost.set()
+
+    def note_scratch(self, host_name: str, path: str, repo: str | None = None) -> None:
+        """Record a directory the engine made on a host, for removal should this worker die
+        (with a heartbeat: the log so far is written before the engine's command starts)."""
+        entry = {"host": host_name, "path": path, "repo": repo}
+        try:
+            with open_db(self.db_path) as store:
+                store.add_job_scratch(self.job_id, *self.holder, entry)
+                store.beat_job(self.job_id, *self.holder, self.done, self.planned, self.log_text())
+        except StoreError as e:
+            self.line(f"job {self.job_id}: {path} on host {host_name} is not noted for removal: {e}")
 
     def __enter__(self) -> "Reporter":
         self._thread.start()
@@ -122,7 +146,8 @@ def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) 
     host.check()
     repo, repo_path, commit = _resolve_commit(spec, config, host)
     common = dict(work_dir_local=work_dir, on_line=reporter.line, should_stop=reporter.should_stop,
-                  on_progress=reporter.progress)
+                  on_progress=reporter.progress,
+                  on_scratch=lambda path, repo=None: reporter.note_scratch(spec.host, path, repo))
     if spec.engine == "import":
         return Path(spec.path), repo, None
     if spec.engine == "reference":
@@ -154,79 +179,143 @@ def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[st
         say(f"change tracking failed: {type(e).__name__}: {e}")
 
 
-def keep_bundle(db_path: str, job_id: int, bundle: Path) -> Path:
+def keep_bundle(db_path: str, job_id: int, bundle: Path, work: Path) -> Path:
     """Move a job's bundle beside the database (<db>.bundles/job-N), where runs.source_path
-    will point; the temporary work directory is removed after the job."""
-    db = Path(db_path).resolve()
-    target = db.parent / f"{db.stem}.bundles" / f"job-{job_id}"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    will point. The work directory lies inside <db>.bundles, so this is one rename: job-N
+    appears whole or not at all, and a job-N directory always holds a finished engine run.
+    An attempt finds job-N already there only when another attempt holds the job now (an
+    attempt that finds it at its start imports it): it is left alone, this result dropped."""
+    target = kept_bundle_path(db_path, job_id)
+    if not bundle.resolve().is_relative_to(work.resolve()):  # an engine that left it elsewhere
+        bundle = Path(shutil.copytree(bundle, work / "incoming"))
     if target.exists():
-        shutil.rmtree(target)
-    shutil.move(str(bundle), target)
+        raise RunError(f"another attempt already kept its bundle at {target}; this result is dropped")
+    os.rename(bundle, target)
     return target
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: succeeded, failed or cancelled (final); queued (its worker was
+    stopped and it goes back to the queue); lost (taken back from this attempt: nothing written)."""
+
+    status: str
+    run_id: int | None = None
+    kind: str | None = None
+    error: str | None = None
+
+
+def _bundle_for(db_path: str, job_id: int, spec: RunSpec, config: Config, reporter: Reporter,
+                work: Path) -> tuple[Path, str, CommitInfo | None]:
+    """The bundle to import, its repo and commit: a complete bundle an earlier attempt left, or
+    the engine's (kept beside the database, so the run's trace stays downloadable)."""
+    kept = kept_bundle_path(db_path, job_id)
+    if spec.engine != "import" and kept.is_dir():
+        reporter.line(f"job {job_id}: an earlier attempt left a complete bundle at {kept}: "
+                      "importing it instead of running the engine again")
+        repo, _, commit = _resolve_commit(spec, config, make_host_for(config, spec.host))
+        return kept, repo, commit
+    bundle, repo, commit = run_spec(spec, config, reporter, work)
+    if spec.engine != "import":
+        bundle = keep_bundle(db_path, job_id, bundle, work)
+    return bundle, repo, commit
+
+
+def _import(db_path: str, job_id: int, spec: RunSpec, rules: list[Rule], bundle: Path, repo: str,
+            commit: CommitInfo | None, reporter: Reporter) -> int:
+    """Import the bundle as the job's run (at most one run a job: Store.insert_run); its id."""
+    record = prepare_import(bundle, rules, ImportOptions(
+        repo=repo, commit=commit.sha if commit else spec.ref,
+        variant=spec.variant if spec.engine != "reference" else None, job_id=job_id))
+    with open_db(db_path) as store:
+        if commit is not None:  # before the run: a job with a run has its commit's facts
+            store.record_commit(repo, commit.sha, commit.committed_at, commit.author, commit.subject, commit.seq)
+        run_id, created = store.insert_run(record)
+    reporter.line(f"job {job_id}: {'imported as' if created else 'already imported as'} run {run_id}")
+    return run_id
+
+
+def _attempt(db_path: str, job: dict, config: Config, rules: list[Rule], reporter: Reporter,
+             work: Path) -> Outcome:
+    """Run the job once; its own failures become the outcome, never an exception."""
+    job_id = job["job_id"]
+    try:
+        spec = parse_spec(json.loads(job["spec"]), config)
+        reporter.line(f"job {job_id}: attempt {job['attempts']}: {spec.describe()}")
+        bundle, repo, commit = _bundle_for(db_path, job_id, spec, config, reporter, work)
+        run_id = _import(db_path, job_id, spec, rules, bundle, repo, commit, reporter)
+        if commit is not None:
+            _follow_changes(db_path, run_id, config, reporter.line)
+        return Outcome("succeeded", run_id)
+    except CommandCancelled:
+        if reporter.cancel.is_set():
+            return Outcome("cancelled", None, "cancelled", "cancelled while running")
+        return Outcome("lost" if reporter.lost.is_set() else "queued")
+    except CommandTimeout as e:
+        return Outcome("failed", None, "timeout", str(e))
+    except SpecError as e:
+        return Outcome("failed", None, "bad-spec", str(e))
+    except HostError as e:
+        return Outcome("failed", None, "host-unreachable", str(e))
+    except RunError as e:
+        return Outcome("failed", None, getattr(e, "kind", None) or "engine-error", str(e))
+    except IngestError as e:
+        return Outcome("failed", None, "bad-result", str(e))
+    except Exception as e:  # a bug of ours: keep the traceback in the job's log
+        reporter.line(traceback.format_exc())
+        return Outcome("failed", None, "internal-error", f"{type(e).__name__}: {e}")
+
+
+def _record(db_path: str, job_id: int, reporter: Reporter, outcome: Outcome) -> str:
+    """Write how the attempt ended, only while the attempt still holds the job; return the
+    status written, or 'lost' when the job had been taken back from the attempt."""
+    worker, attempt = reporter.holder
+    say = reporter.echo or (lambda text: None)
+    if outcome.status == "lost":
+        say(f"job {job_id}: taken back from {worker} (its heartbeat had stopped): nothing written")
+        return "lost"
+    if outcome.error:
+        reporter.line(f"job {job_id}: {outcome.status}: {outcome.error}")
+    with open_db(db_path) as store:
+        store.beat_job(job_id, worker, attempt, reporter.done, reporter.planned, reporter.log_text())
+        if outcome.status == "queued":
+            note = (f"job {job_id}: requeued: its worker {worker} was stopped (SIGTERM/SIGINT); "
+                    "the attempt does not count")
+            written = store.release_job(job_id, worker, attempt, "queued", note, count_attempt=False) is not None
+            say(note)
+        else:
+            written = store.finish_job(job_id, outcome.status, run_id=outcome.run_id, error_kind=outcome.kind,
+                                       error=(outcome.error or "")[:500] or None, log=reporter.log_text(),
+                                       holder=(worker, attempt))
+    if not written:
+        say(f"job {job_id}: taken back from {worker} before it ended ({outcome.status}): nothing written")
+        return "lost"
+    return outcome.status
 
 
 def execute_job(db_path: str, job: dict, config: Config, rules: list[Rule],
                 echo: Callable[[str], None] | None = None,
                 worker_stop: threading.Event | None = None) -> tuple[str, int | None]:
-    """Run one claimed job to its end; returns (status, run_id). Never raises for the job's
-    own failures: they are written to the job."""
-    job_id = job["job_id"]
-    status, run_id, kind, error = "failed", None, None, None
-    with Reporter(db_path, job_id, echo, worker_stop) as reporter, tempfile.TemporaryDirectory(prefix="stepwatch-job-") as work:
-        try:
-            spec = parse_spec(json.loads(job["spec"]), config)
-            reporter.line(f"job {job_id}: {spec.describe()}")
-            bundle, repo, commit = run_spec(spec, config, reporter, Path(work))
-            if spec.engine != "import":  # keep it, so the run's trace stays downloadable
-                bundle = keep_bundle(db_path, job_id, bundle)
-            record = prepare_import(bundle, rules, ImportOptions(
-                repo=repo, commit=commit.sha if commit else spec.ref,
-                variant=spec.variant if spec.engine != "reference" else None, job_id=job_id))
-            with open_db(db_path) as store:
-                run_id, created = store.insert_run(record)
-                if commit is not None:
-                    store.record_commit(repo, commit.sha, commit.committed_at, commit.author, commit.subject,
-                                        commit.seq)
-            reporter.line(f"job {job_id}: {'imported as' if created else 'same trace as'} run {run_id}")
-            status = "succeeded"
-            if commit is not None:
-                _follow_changes(db_path, run_id, config, reporter.line)
-        except CommandCancelled:
-            if reporter.cancel.is_set():
-                status, kind, error = "cancelled", "cancelled", "cancelled while running"
-            else:
-                kind, error = "worker-stopped", "its worker was stopped while it ran"
-        except CommandTimeout as e:
-            kind, error = "timeout", str(e)
-        except SpecError as e:
-            kind, error = "bad-spec", str(e)
-        except HostError as e:
-            kind, error = "host-unreachable", str(e)
-        except RunError as e:
-            kind, error = getattr(e, "kind", None) or "engine-error", str(e)
-        except IngestError as e:
-            kind, error = "bad-result", str(e)
-        except Exception as e:  # a bug of ours: keep the traceback in the job's log
-            reporter.line(traceback.format_exc())
-            kind, error = "internal-error", f"{type(e).__name__}: {e}"
-        if error:
-            reporter.line(f"job {job_id}: {status}: {error}")
-    with open_db(db_path) as store:
-        store.report_progress(job_id, reporter.done, reporter.planned)
-        store.finish_job(job_id, status, run_id=run_id, error_kind=kind, error=(error or "")[:500] or None,
-                         log=reporter.log_text())
-    return status, run_id
+    """Run one claimed job (an attempt: the row claim_job returned) to its end; returns (status,
+    run_id). Never raises for the job's own failures: they are written to the job. Status
+    'queued': the worker was stopped and the job put back; 'lost': the job was taken back from
+    this attempt, which wrote nothing."""
+    work = make_work_dir(db_path, job["job_id"], job["attempts"])
+    try:
+        with Reporter(db_path, job, echo, worker_stop) as reporter:
+            outcome = _attempt(db_path, job, config, rules, reporter, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    status = _record(db_path, job["job_id"], reporter, outcome)
+    return status, outcome.run_id if status == "succeeded" else None
 
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_worker(db_path: str, config: Config, rules: list[Rule], *, poll_s: float = 1.0,
-               stale_s: float = STALE_S, exit_when_idle: bool = False,
-               echo: Callable[[str], None] | None = print) -> int:
-    """Take jobs until stopped (SIGTERM/SIGINT end the loop after the current job is cancelled)."""
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT: the running job's command stops, the loop ends."""
     stopping = threading.Event()
 
     def stop(signum, frame):  # noqa: ARG001
@@ -234,16 +323,41 @@ def run_worker(db_path: str, config: Config, rules: list[Rule], *, poll_s: float
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
+    return stopping
+
+
+def _poll(db_path: str, config: Config, me: str, stale_s: float, max_attempts: int,
+          say: Callable[[str], None]) -> dict | None:
+    """One look at the queue: take back dead workers' jobs, remove leftover work directories
+    and scratch, claim the oldest queued job (None if there is none)."""
+    listed = list_work_dirs(db_path)  # before reading which attempts run (survival.py says why)
+    with open_db(db_path) as store:
+        running = store.list_running_jobs(stale_s)
+        taken = take_back_dead_jobs(store, db_path, running, max_attempts)
+        job = store.claim_job(me, worker_proc=process_stamp())
+    taken_ids = {back.job_id for back, _ in taken}
+    remove_work_dirs(listed, {(r["job_id"], r["attempts"]) for r in running if r["job_id"] not in taken_ids})
+    for back, scratch in taken:
+        say(back.line)
+        remove_scratch(config, back.job_id, scratch, say)
+    return job
+
+
+def run_worker(db_path: str, config: Config, rules: list[Rule], *, poll_s: float = 1.0,
+               stale_s: float = STALE_S, max_attempts: int = MAX_ATTEMPTS, exit_when_idle: bool = False,
+               echo: Callable[[str], None] | None = print) -> int:
+    """Take jobs until stopped; return how many it ran. Every poll first takes back the jobs of
+    dead workers (a job gets `max_attempts` attempts) and removes leftovers (survival.py).
+    SIGTERM/SIGINT stop the running job's command and requeue the job, then the loop ends."""
+    stopping = _stop_on_signals()
+    say = echo or (lambda text: None)
     me = worker_name()
     done = 0
     while not stopping.is_set():
         try:
-            with open_db(db_path) as store:
-                for dead in store.fail_abandoned_jobs(stale_s):
-                    echo and echo(f"job {dead}: failed (its worker stopped beating)")
-                job = store.claim_job(me)
+            job = _poll(db_path, config, me, stale_s, max_attempts, say)
         except StoreError as e:
-            echo and echo(f"worker: {e}; retrying")
+            say(f"worker: {e}; retrying")
             time.sleep(poll_s)
             continue
         if job is None:
@@ -251,8 +365,9 @@ def run_worker(db_path: str, config: Config, rules: list[Rule], *, poll_s: float
                 break
             stopping.wait(poll_s)
             continue
-        echo and echo(f"job {job['job_id']}: started by {me}")
+        say(f"job {job['job_id']}: started by {me} (attempt {job['attempts']})")
         status, run_id = execute_job(db_path, job, config, rules, echo, stopping)
-        echo and echo(f"job {job['job_id']}: {status}" + (f", run {run_id}" if run_id else ""))
+        if status != "lost":  # a lost attempt has said so
+            say(f"job {job['job_id']}: {status}" + (f", run {run_id}" if run_id else ""))
         done += 1
     return done

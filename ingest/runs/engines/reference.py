@@ -56,11 +56,16 @@ class ProgressParser:
 def run_reference(spec: RunSpec, config: Config, host: Host, *, work_dir_local: Path, sha: str | None = None,
                   repo_path: str | None = None, on_line: Callable[[str], None] | None = None,
                   should_stop: Callable[[], bool] | None = None,
-                  on_progress: Callable[[int, int], None] | None = None) -> Path:
-    """Run kernels.bench for `spec` on `host`; return the bundle directory copied to work_dir_local."""
+                  on_progress: Callable[[int, int], None] | None = None,
+                  on_scratch: Callable[[str, str | None], None] | None = None) -> Path:
+    """Run kernels.bench for `spec` on `host`; return the bundle directory copied to work_dir_local.
+    The directory made on the host (with a worktree of `repo_path` in it, if any) is told to
+    `on_scratch(path, repo)` as soon as it exists, for removal should the caller die first."""
     local = isinstance(host, LocalHost)
     python = sys.executable if local else config.host(spec.host).python
     tmp = host.mkdtemp("stepwatch-ref-")
+    if on_scratch:
+        on_scratch(tmp, repo_path if sha is not None else None)
     worktree = None
     try:
         if repo_path is not None and sha is not None:

@@ -597,29 +597,33 @@ def _check_runnable(spec: RunSpec, config: Config, sha: str, server: bool) -> tu
 
 def run_sglang(spec: RunSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path,
                on_line: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None,
-               on_progress: Callable[[int, int], None] | None = None) -> Path:
+               on_progress: Callable[[int, int], None] | None = None,
+               on_scratch: Callable[[str, str | None], None] | None = None) -> Path:
     """Run `spec` at commit `sha` on `host`; return the local bundle directory (in work_dir_local).
-    TP 1 runs the one-batch benchmark, TP > 1 the server path (run_sglang_server).
+    TP 1 runs the one-batch benchmark, TP > 1 the server path (run_sglang_server). The directory
+    made on the host (with the repo's worktree in it) is told to `on_scratch(path, repo)` as soon
+    as it exists, so that it can be removed should the caller die before removing it.
 
     Raises PatchFailed for a patch that does not apply, RunError for anything else that stops
     the run (CommandFailed, CommandTimeout and CommandCancelled from the benchmark itself)."""
     measure = measure_server if spec.workload.tp > 1 else measure_one_batch
     return _run(spec, config, host, measure, sha=sha, work_dir_local=work_dir_local, on_line=on_line,
-                should_stop=should_stop, on_progress=on_progress)
+                should_stop=should_stop, on_progress=on_progress, on_scratch=on_scratch)
 
 
 def run_sglang_server(spec: RunSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path,
                       on_line: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None,
-                      on_progress: Callable[[int, int], None] | None = None) -> Path:
+                      on_progress: Callable[[int, int], None] | None = None,
+                      on_scratch: Callable[[str, str | None], None] | None = None) -> Path:
     """As run_sglang, through SGLang's server whatever the TP size: `launch_server`, POST
     /start_profile (by stage, profile_steps decode steps), a batch of streaming requests, every
     rank's DECODE trace in the bundle."""
     return _run(spec, config, host, measure_server, sha=sha, work_dir_local=work_dir_local, on_line=on_line,
-                should_stop=should_stop, on_progress=on_progress)
+                should_stop=should_stop, on_progress=on_progress, on_scratch=on_scratch)
 
 
 def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context], Measured], *, sha: str,
-         work_dir_local: Path, on_line, should_stop, on_progress) -> Path:
+         work_dir_local: Path, on_line, should_stop, on_progress, on_scratch=None) -> Path:
     repo_path, patch_files = _check_runnable(spec, config, sha, server=measure is measure_server)
     python = config.host(spec.host).python
     planned = len(STAGES)
@@ -628,6 +632,8 @@ def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context],
     work_dir_local.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-{sha[:12]}-{spec.variant}-"))
     dirs = HostDirs.under(host.mkdtemp("stepwatch-sglang-"))
+    if on_scratch:
+        on_scratch(dirs.base, repo_path)
     try:
         host.run(["mkdir", "-p", "--", dirs.profile, dirs.patches], timeout_s=_SHORT_S)
         add_worktree(host, repo_path, sha, dirs.worktree)
