@@ -154,6 +154,7 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) 
 
     work = Path(tempfile.mkdtemp(prefix="stepwatch-load-"))
     db = str(work / "load.duckdb")
+    holds = work / "holds.log"
     try:
         subprocess.run(_cli("samples", "--db", db), cwd=ROOT, capture_output=True, text=True, check=True)
         with open_db(db, read_only=True) as store:
@@ -161,6 +162,7 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) 
         job_ids = _queue_jobs(db, jobs)
         bundles = sorted(p for p in SAMPLES.iterdir() if (p / "manifest.json").exists())
         stop, latencies = work / "stop", work / "latencies.txt"
+        os.environ["STEPWATCH_DB_HOLD_LOG"] = str(holds)  # every process below logs its holds (db/store.py)
         reader = subprocess.Popen([sys.executable, "-m", "db.load_benchmark", "--reader", db, str(latencies),
                                    str(stop), str(read_every_s)], cwd=ROOT)
         while latencies.exists() is False or len(latencies.read_text().splitlines()) < IDLE_READS:
@@ -193,10 +195,24 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) 
             job_rows = [store.get_job(j, with_log=False) for j in job_ids]
             dup_hashes = store.con.execute(
                 "SELECT count(*) FROM (SELECT content_hash FROM runs GROUP BY 1 HAVING count(*) > 1)").fetchone()[0]
-        return _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, writers_s, imports,
-                          worker.returncode, worker_out)
+        result = _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, writers_s, imports,
+                            worker.returncode, worker_out)
+        result["holds"] = _summarise_holds(holds)
+        return result
     finally:
+        os.environ.pop("STEPWATCH_DB_HOLD_LOG", None)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _summarise_holds(log: Path) -> list[dict]:
+    """Who held the file while the window ran, longest first: (mode, call site) -> count, p50, max."""
+    sites: dict[tuple[str, str], list[float]] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        _, mode, ms, where = line.split(" ", 3)
+        sites.setdefault((mode, where.split(":", 1)[0] + ":" + where.rsplit(":", 1)[-1]), []).append(float(ms))
+    rows = [{"mode": mode, "site": site, "count": len(v), "p50_ms": _percentile(v, 50), "max_ms": max(v)}
+            for (mode, site), v in sites.items()]
+    return sorted(rows, key=lambda r: -r["max_ms"])
 
 
 def _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, writers_s, imports,
@@ -250,6 +266,9 @@ def _print(result: dict) -> None:
           f"{result['duplicate_hashes']}")
     for err in result["imports_failed"][:5] + result["worker_errors"]:
         print(f"  error: {err}")
+    print("longest holds of the file (mode, file:function, count, p50, max ms):")
+    for h in result["holds"][:8]:
+        print(f"  {h['mode']} {h['site']}: {h['count']}, {h['p50_ms']:.0f}, {h['max_ms']:.0f}")
     print(f"page p99 <= {PAGE_P99_TARGET_MS:.0f} ms: {'met' if result['p99_ms'] <= PAGE_P99_TARGET_MS else 'NOT met'}")
 
 
@@ -264,12 +283,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=60, help="reference jobs queued for the worker (default 60)")
     ap.add_argument("--read-every-s", type=float, default=0.1, help="the reader's pause between page reads")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--baseline", action="store_true",
+                    help="first run the same load without db/lock.py's ordering and without batch priority "
+                         "(STEPWATCH_DB_LOCKS=0 STEPWATCH_BATCH_NICE=0), then as configured")
     args = ap.parse_args(argv)
-    result = run_benchmark(args.seconds, args.imports, args.read_every_s, args.jobs)
-    _print(result)
+    settings = [("baseline", {"STEPWATCH_DB_LOCKS": "0", "STEPWATCH_BATCH_NICE": "0"})] if args.baseline else []
+    settings.append(("as configured", {}))
+    results, ok = {}, True
+    for label, env in settings:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            result = run_benchmark(args.seconds, args.imports, args.read_every_s, args.jobs)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        result["batch_nice"] = env.get("STEPWATCH_BATCH_NICE", os.environ.get("STEPWATCH_BATCH_NICE", "10"))
+        print(f"== {label} (batch nice {result['batch_nice']})")
+        _print(result)
+        results[label] = result
+        ok = ok and result["lost"] == result["extra"] == result["duplicate_run_ids"] == 0
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    return 0 if result["lost"] == result["extra"] == result["duplicate_run_ids"] == 0 else 1
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

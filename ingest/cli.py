@@ -14,6 +14,7 @@ from kernels.bundle import BundleError
 from .categories import load_rule_chain
 from .errors import IngestError
 from .importer import ImportOptions, prepare_import
+from .priority import DatabaseThread
 from .progress import Progress
 from .report import build_report, format_report
 from .trace_read import DEFAULT_LIMITS
@@ -342,21 +343,27 @@ def run_check(args) -> int:
     return 1 if args.fail_on_regression and regressions else 0
 
 
+def _store_import(db: str, record, facts) -> tuple[int, bool]:
+    with open_db(db) as store:
+        run_id, created = store.insert_run(record)
+        if facts is not None:
+            store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
+    return run_id, created
+
+
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
     limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=args.max_trace_mb << 20, max_events=args.max_events)
     opts = ImportOptions(repo=args.repo, commit=args.commit, variant=args.variant, layers=args.layers,
                          tok_per_s=args.tok_per_s, steps=args.steps, limits=limits)
-    record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
-    facts = _commit_facts(record.commit, record.repo, args.repo_path)
-    with open_db(args.db) as store:
-        run_id, created = store.insert_run(record)
-        if facts is not None:
-            store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
-    if created and record.commit:
-        from .regress.track import follow_run
+    with args.db_thread or DatabaseThread() as db_thread:
+        record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
+        facts = _commit_facts(record.commit, record.repo, args.repo_path)
+        run_id, created = db_thread(_store_import, args.db, record, facts)
+        if created and record.commit:
+            from .regress.track import follow_run
 
-        follow_run(args.db, run_id)  # its own short connections: the detection runs with none open
+            follow_run(args.db, run_id, db_thread)  # its own short connections: the detection runs with none open
     print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "
           f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
     print(run_id)
@@ -373,8 +380,11 @@ def run_report(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, db_thread: DatabaseThread | None = None) -> int:
+    """The command line; `db_thread`: the thread an import hands its database work to, kept at
+    the priority the process started with (ingest/__main__.py lowers the rest)."""
     args = build_parser().parse_args(argv)
+    args.db_thread = db_thread
     try:
         return {"import": run_import, "report": run_report, "run": run_run, "worker": run_worker_cmd,
                 "backfill": run_backfill, "jobs": run_jobs, "cancel": run_cancel, "check": run_check,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,7 @@ from db.series import (list_series, load_kernel_rows, load_points, load_run_fact
 from db.store import open_db
 
 from ..categories import COPY_CATEGORIES
+from ..priority import run_as_batch
 from .detect import Point, detect_changes
 from .diagnose import RunFacts, diagnose_change
 from .explain import explain_change
@@ -177,20 +178,31 @@ def track_changes(store, repo: str | None = None, seq_range: tuple[int, int] | N
     return found
 
 
-def follow_run(db_path: str, run_id: int) -> tuple[dict | None, list[dict]]:
+def follow_run(db_path: str, run_id: int, db_call: Callable | None = None) -> tuple[dict | None, list[dict]]:
     """Re-detect the changes of a new run's series and store them: read (one short connection),
-    detect (none), write (another short one). Returns (the series or None, the stored rows)."""
-    # (not read-only: DuckDB refuses a read-only connection beside the read-write one that a
+    detect (none, at batch priority: ingest/priority.py), write (another short one). `db_call`
+    runs the two database steps (a command's DatabaseThread); by default they run here.
+    Returns (the series or None, the stored rows)."""
+    call = db_call or (lambda fn, *args: fn(*args))
+    series, data = call(_read_series_of_run, db_path, run_id)
+    if series is None:
+        return None, []
+    rows = run_as_batch(detect_series_changes, data)  # seconds of CPU on a loaded machine
+    call(_write_changes, db_path, series, rows)
+    return series, [{**series, **r} for r in rows]
+
+
+def _read_series_of_run(db_path: str, run_id: int):
+    # (not read-only: DuckDB refuses a read-only attachment beside the read-write one that a
     # worker's heartbeat thread may hold in the same process)
     with open_db(db_path) as store:
         series = series_of_run(store, run_id)
-        data = load_series(store, series) if series is not None else None
-    if series is None:
-        return None, []
-    rows = detect_series_changes(data)
+        return series, (load_series(store, series) if series is not None else None)
+
+
+def _write_changes(db_path: str, series: dict, rows: list[dict]) -> None:
     with open_db(db_path) as store:
         replace_changes(store, series["repo"], series, rows)
-    return series, [{**series, **r} for r in rows]
 
 
 def series_of_run(store, run_id: int) -> dict | None:
