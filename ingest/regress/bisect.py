@@ -33,14 +33,46 @@ def _first_parent_between(config: Config, spec, good: str, bad: str) -> list[str
     return list_after(host, spec.repo_path or config.repos[spec.repo].path, good, bad)
 
 
-def plan_bisects(store, config: Config, echo: Callable[[str], None] = lambda line: None) -> list[int]:
+def plan_bisects(db_path: str, config: Config, echo: Callable[[str], None] = lambda line: None) -> list[int]:
     """Queue the middle commit of every stored change that still has unmeasured commits between
-    its last good and first bad commit; returns the new job ids."""
-    queued, seen = [], set()
+    its last good and first bad commit; returns the new job ids.
+
+    Three steps, so that no database connection is open while git runs (on a host, over SSH:
+    seconds): read the changes and the specs of their first bad runs (one short connection),
+    list the commits between with git (none), queue what is still missing (another short one,
+    which checks again that no job with the same spec exists)."""
+    from db.store import open_db
+
+    with open_db(db_path) as store:
+        windows = _read_windows(store, echo)
+    planned = []
+    for tag, change, spec_json in windows:
+        spec = parse_spec(json.loads(spec_json), config)
+        between = _first_parent_between(config, spec, change["last_good_sha"], change["first_bad_sha"])[:-1]
+        if between:
+            planned.append((tag, change, dataclasses.replace(spec, ref=between[(len(between) - 1) // 2]), len(between)))
+    if not planned:
+        return []
+    queued = []
+    with open_db(db_path) as store:
+        for tag, change, new, n_between in planned:
+            if store.find_jobs_by_spec(new.to_json(), ("queued", "running", "succeeded")):
+                continue
+            job_id = store.enqueue_job(new.to_json(), f"{new.describe()} ({tag})", tag)
+            queued.append(job_id)
+            metric = change["metric"].replace("\x1f", " | ")
+            echo(f"{tag}: {metric} {change['direction']} between {change['last_good_sha'][:12]} and "
+                 f"{change['first_bad_sha'][:12]} ({n_between} commits between): queued {new.ref[:12]} as job {job_id}")
+    return queued
+
+
+def _read_windows(store, echo: Callable[[str], None]) -> list[tuple[str, dict, str]]:
+    """(series tag, change, spec of its first bad run) for each change window still to bisect,
+    structural changes (deterministic) first, then the noisier speed metrics."""
     changes = list_changes(store)
-    # structural changes (deterministic) first, then the noisier speed metrics
     changes = changes.loc[np.array([is_bisectable(m) for m in changes["metric"]], dtype=bool)]
     changes = changes.assign(order=[0 if m.startswith("kernel:calls") else 1 for m in changes["metric"]])
+    windows, seen = [], set()
     for change in changes.sort_values(["order", "change_id"]).to_dict(orient="records"):
         window = (series_tag(change), change["last_good_sha"], change["first_bad_sha"])
         if window in seen:
@@ -56,17 +88,5 @@ def plan_bisects(store, config: Config, echo: Callable[[str], None] = lambda lin
         if spec_json is None:
             echo(f"{tag}: the first bad run was imported, not run by a job: cannot bisect")
             continue
-        spec = parse_spec(json.loads(spec_json), config)
-        between = _first_parent_between(config, spec, change["last_good_sha"], change["first_bad_sha"])[:-1]
-        if not between:
-            continue
-        middle = between[(len(between) - 1) // 2]
-        new = dataclasses.replace(spec, ref=middle)
-        if store.find_jobs_by_spec(new.to_json(), ("queued", "running", "succeeded")):
-            continue
-        job_id = store.enqueue_job(new.to_json(), f"{new.describe()} ({tag})", tag)
-        queued.append(job_id)
-        metric = change["metric"].replace("\x1f", " | ")
-        echo(f"{tag}: {metric} {change['direction']} between {change['last_good_sha'][:12]} and "
-             f"{change['first_bad_sha'][:12]} ({len(between)} commits between): queued {middle[:12]} as job {job_id}")
-    return queued
+        windows.append((tag, change, spec_json))
+    return windows

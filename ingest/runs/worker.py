@@ -173,8 +173,7 @@ def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[st
             if row["metric"] in ("tok_per_s", "step_ms"):
                 say(f"change: {row['metric']} {row['direction']} {row['rel_change']:+.1%} "
                     f"(p={row['p_value']:.2g}), {row['commits_between']} unmeasured commits between")
-        with open_db(db_path) as store:
-            plan_bisects(store, config, say)
+        plan_bisects(db_path, config, say)  # git runs with no connection open
     except Exception as e:  # noqa: BLE001
         say(f"change tracking failed: {type(e).__name__}: {e}")
 
