@@ -251,14 +251,16 @@ def _print(result: dict) -> None:
     print(f"window {result['seconds']:g} s (writers done after {result['writers_s']} s), "
           f"{result['import_loops']} import loops + a worker; load average {os.getloadavg()[0]:.1f} now")
     print(f"locks (db/lock.py): {'on' if result['locks'] else 'off (STEPWATCH_DB_LOCKS=0)'}; the same reads "
-          f"with no writer: {result['idle_reads']}, p50 {result['idle_p50_ms']:.0f} ms, max {result['idle_max_ms']:.0f} ms")
+          f"with no writer: {result['idle_reads']}, p50 {result['idle_p50_ms']:.0f} ms, "
+          f"max {result['idle_max_ms']:.0f} ms")
     print(f"page reads: {result['reads']}, p50 {result['p50_ms']:.0f} ms, p90 {result['p90_ms']:.0f} ms, "
           f"p99 {result['p99_ms']:.0f} ms, max {result['max_ms']:.0f} ms; over 300 ms: {result['over_300_ms']}, "
           f"over 1 s: {result['over_1_s']}")
     print(f"  of which opening (waiting for writers, attaching): p50 {result['open_p50_ms']:.0f} ms, "
           f"p99 {result['open_p99_ms']:.0f} ms, max {result['open_max_ms']:.0f} ms")
     for page, s in result["by_page"].items():
-        print(f"  {page}: {s['reads']} reads, p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms, max {s['max_ms']:.0f} ms")
+        print(f"  {page}: {s['reads']} reads, p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms, "
+              f"max {s['max_ms']:.0f} ms")
     print(f"imports: {result['imports']} (failed: {len(result['imports_failed'])}), median "
           f"{result['import_s_median']:.2f} s each; jobs succeeded: {result['jobs_succeeded']}")
     print(f"runs: {result['runs']} of {result['runs_expected']} expected; lost {result['lost']}, "

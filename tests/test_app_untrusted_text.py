@@ -20,7 +20,6 @@ import http.server
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -35,7 +34,7 @@ from ingest.importer import ImportOptions, diagnose_record, find_workload_key, p
 from ingest.regress.track import track_changes
 from ingest.runs.spec import parse_spec
 from tests.helpers import ROOT
-from tests.test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _wait_http
+from tests.test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _wait_http, start_streamlit
 from tests.test_app_fixtures import open_page  # noqa: F401  (fixture)
 
 SAMPLES = ROOT / "app" / "sample_data"
@@ -304,10 +303,7 @@ def hostile_dashboard(trap, tmp_path_factory):
     env = {**os.environ, "STEPWATCH_DB": str(db), "PYTHONUNBUFFERED": "1"}
     env.pop("STEPWATCH_CONFIG", None)
     app_port = _free_port()
-    app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
-                            "--server.port", str(app_port), "--server.address", "127.0.0.1",
-                            "--browser.gatherUsageStats", "false"],
-                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    app = start_streamlit(env, app_port)
     try:
         _wait_http(f"http://127.0.0.1:{app_port}/_stcore/health", 120, app)
         yield f"http://127.0.0.1:{app_port}", ids

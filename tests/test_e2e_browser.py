@@ -51,6 +51,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_streamlit(env: dict, port: int) -> subprocess.Popen:
+    """The dashboard as ./run.sh serves it, on 127.0.0.1:port, headless, no usage stats."""
+    return subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
+                             "--server.port", str(port), "--server.address", "127.0.0.1",
+                             "--browser.gatherUsageStats", "false"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -80,10 +88,7 @@ def dashboard(tmp_path_factory):
     worker_log = open(logs / "worker.log", "w")
     worker = subprocess.Popen([sys.executable, "-m", "ingest", "worker", "--db", str(db), "--poll-s", "0.5"],
                               cwd=ROOT, env=env, stdout=worker_log, stderr=subprocess.STDOUT)
-    app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
-                            "--server.port", str(port), "--server.address", "127.0.0.1",
-                            "--browser.gatherUsageStats", "false"],
-                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    app = start_streamlit(env, port)
     try:
         _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, app)
         yield f"http://127.0.0.1:{port}", db
