@@ -136,18 +136,19 @@ class Store:
         self.con = con  # a cursor of the process's DuckDB instance, USE-ing the attached file
         self.path = path
         self._hold, self._attached = hold, attached
-        self._opened, self._read_only = time.monotonic(), read_only
+        self._opened, self._read_only, self._closed = time.monotonic(), read_only, False
 
     def close(self) -> None:
-        if self._hold is None:
+        if self._closed:
             return
+        self._closed = True
         try:
             self.con.close()
             if self._attached is not None:
                 detach(self._attached)
         finally:
-            self._hold.release()
-            self._hold = None
+            if self._hold is not None:
+                self._hold.release()
             if HOLD_LOG:
                 _log_hold(self, time.monotonic() - self._opened)
 

@@ -19,7 +19,7 @@ from ingest.runs.errors import SpecError
 from ingest.runs.git import list_first_parent, resolve_ref
 from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import Config, RepoConfig, parse_spec
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, wait_for
 
 TINY = ["--engine", "reference", "--preset", "tiny", "--kv", "fused", "--device", "cpu", "--profile-steps", "2"]
 
@@ -84,16 +84,6 @@ def _start_worker(db: Path) -> subprocess.Popen:
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(predicate, timeout_s=120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("timed out waiting")
-
-
 def _job(db: Path, job_id: int) -> dict:
     with open_db(db, read_only=True) as store:
         return store.get_job(job_id)
@@ -104,9 +94,9 @@ def test_cancel_a_running_job_stops_it_and_writes_no_run(tmp_path):
     job_id = int(run_cli("ingest", "run", *TINY, "--preset", "glm5", "--db", str(db), "--queue").stdout.split()[-1])
     worker = _start_worker(db)
     try:
-        _wait_for(lambda: _job(db, job_id)["status"] == "running")
+        wait_for(lambda: _job(db, job_id)["status"] == "running", f"job {job_id} to run", 120.0)
         assert run_cli("ingest", "cancel", str(job_id), "--db", str(db)).returncode == 0
-        job = _wait_for(lambda: (j := _job(db, job_id))["status"] != "running" and j)
+        job = wait_for(lambda: (j := _job(db, job_id))["status"] != "running" and j, f"job {job_id} to end", 120.0)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
@@ -131,7 +121,7 @@ def test_a_dead_workers_job_is_failed_by_the_next_worker(tmp_path):
     db = tmp_path / "s.duckdb"
     job_id = int(run_cli("ingest", "run", *TINY, "--preset", "glm5", "--db", str(db), "--queue").stdout.split()[-1])
     worker = _start_worker(db)
-    _wait_for(lambda: _job(db, job_id)["status"] == "running")
+    wait_for(lambda: _job(db, job_id)["status"] == "running", f"job {job_id} to run", 120.0)
     worker.kill()  # no chance to clean up
     worker.wait()
     # the worker ran on this machine and its process is gone: the next worker takes the job back at

@@ -26,7 +26,7 @@ from db.store import StoreError, open_db
 from ingest.categories import load_rule_chain
 from ingest.importer import ImportOptions, prepare_import
 from ingest.runs.survival import kept_bundle_path, work_root
-from tests.helpers import DATA, ROOT, run_cli
+from tests.helpers import DATA, ROOT, run_cli, wait_for
 from tests.test_hosts import sshd  # noqa: F401  (the session fixture: a real sshd on 127.0.0.1)
 from tests.test_runs_ssh import _config as ssh_config
 
@@ -64,16 +64,6 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.exit_code()
-
-
-def _wait_for(predicate, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def _queue(db: Path, *flags: str) -> int:
@@ -150,8 +140,8 @@ def _kill_mid_job(db: Path, frozen: list) -> tuple[int, str, Path, Path, int]:
     job_id = _queue(db)
     worker = Worker(db)
     try:
-        scratch = _wait_for(lambda: _engine_started(db, job_id), "the engine to start")
-        command = _wait_for(lambda: _processes_naming(scratch), "the engine's command")[0]
+        scratch = wait_for(lambda: _engine_started(db, job_id), "the engine to start")
+        command = wait_for(lambda: _processes_naming(scratch), "the engine's command")[0]
         _freeze(command, frozen)
     finally:
         worker.stop()  # SIGKILL: no chance to clean up
@@ -278,7 +268,7 @@ def test_sigterm_requeues_the_running_job_and_the_worker_exits_0(tmp_path):
     job_id = _queue(db)
     worker = Worker(db)
     try:
-        scratch = _wait_for(lambda: _engine_started(db, job_id), "the engine to start")
+        scratch = wait_for(lambda: _engine_started(db, job_id), "the engine to start")
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.exit_code() == 0, worker.output()
     finally:
@@ -314,7 +304,7 @@ def test_a_worker_given_up_for_dead_writes_nothing_when_it_wakes(tmp_path):
     job_id = _queue(db)
     first = Worker(db)
     try:
-        _wait_for(lambda: _engine_started(db, job_id), "the engine to start")
+        wait_for(lambda: _engine_started(db, job_id), "the engine to start")
         _pause(first, db)
         with open_db(db) as store:  # its heartbeat is as old as after five minutes' pause
             store.con.execute("UPDATE jobs SET heartbeat_at = heartbeat_at - INTERVAL 5 MINUTE WHERE job_id = ?",
@@ -325,7 +315,7 @@ def test_a_worker_given_up_for_dead_writes_nothing_when_it_wakes(tmp_path):
         done = _job(db, job_id)
         assert (done["status"], done["attempts"]) == ("succeeded", 2)
         first.proc.send_signal(signal.SIGCONT)
-        _wait_for(lambda: f"job {job_id}: taken back from {first.name}" in first.output(),
+        wait_for(lambda: f"job {job_id}: taken back from {first.name}" in first.output(),
                   "the first worker to find its job taken back")
         first.proc.send_signal(signal.SIGTERM)
         assert first.exit_code() == 0, first.output()
@@ -350,7 +340,7 @@ def test_a_killed_workers_scratch_on_an_ssh_host_is_removed(tmp_path, sshd, froz
     job_id = _queue(db, "--host", "loop", "--config", config)
     worker = Worker(db, "--config", config)
     try:
-        scratch = _wait_for(lambda: _engine_started(db, job_id), "the engine to start on the host")
+        scratch = wait_for(lambda: _engine_started(db, job_id), "the engine to start on the host")
     finally:
         worker.stop()
     # what runs on the host for the dead worker is frozen: the test decides when it ends
