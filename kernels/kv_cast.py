@@ -294,9 +294,10 @@ def cast_rows_fp8_to_bf16(
 # count exceeds the capacity the kernels cast the rows at their own positions instead (the
 # caller then sizes the scratch like the pool) and leave the row ids as they are.
 
-# Bounded grid: ROWS whole rows per loop iteration; kernels.serving_grid sweeps these on the GPU
-# (16 rows, 32 programs per SM, 4 warps was the best of 12 on the H200, 2026-11-30).
-LIVE_CONFIG = {"ROWS": 16, "PROGRAMS_PER_SM": 32, "num_warps": 4}
+# Bounded grid: compact gathers move CHUNKS pieces of VEC elements per loop iteration, positional
+# ones ROWS whole rows; kernels.serving_grid sweeps these on the GPU (512 pieces of 16, 32 programs
+# per SM, 8 warps was the best of 12 on the H200, 2026-11-30; kernels/BENCHMARKS.md section 6).
+LIVE_CONFIG = {"ROWS": 16, "CHUNKS": 512, "VEC": 16, "PROGRAMS_PER_SM": 32, "num_warps": 8}
 # Page-table index kernel: one program row per request, SPLIT programs each, BLOCK entries a step.
 PAGE_INDEX_CONFIG = {"BLOCK": 1024, "SPLIT": 8, "num_warps": 4}
 
@@ -314,6 +315,14 @@ def _live_programs(device: torch.device, blocks: int) -> int:
     else:
         limit = 4
     return max(1, min(blocks, limit))
+
+
+def _piece(dim: int, most: int) -> int:
+    """The compact gather's piece: the largest power of two <= most that divides dim."""
+    vec = 1
+    while vec * 2 <= most and dim % (vec * 2) == 0:
+        vec *= 2
+    return vec
 
 
 def _row_tiles(dim: int) -> tuple[int, int]:
@@ -339,6 +348,9 @@ if HAS_TRITON:
         PAGE: tl.constexpr,
         WRITE_INDEX: tl.constexpr,
         ROWS: tl.constexpr,
+        CHUNKS: tl.constexpr,
+        VEC: tl.constexpr,
+        INDEX_ROWS: tl.constexpr,
         DIM: tl.constexpr,
         MAIN: tl.constexpr,
         TAIL: tl.constexpr,
@@ -349,25 +361,38 @@ if HAS_TRITON:
         (an entry is a row, or a page of PAGE rows), and with WRITE_INDEX index[t] = t.
         n > capacity (WRITE_INDEX only): out[index[i]] = bf16(pool[index[i]]) for i < n, rows cast
         at their own positions into a pool-shaped out; index is left as it is.
-        Program p handles blocks p, p + G, ... of ROWS rows (G programs); nothing past n is touched.
+        Program p handles blocks p, p + G, ... (G programs): CHUNKS pieces of VEC elements when
+        compact, ROWS whole rows when positional; nothing past n is touched.
         """
         n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max)
         step = tl.num_programs(0)
         blk = tl.program_id(0).to(tl.int64)
         if n <= capacity:
+            # Compact: the live rows are cut into VEC-element pieces, piece k = (row t, column c)
+            # with t = k // (DIM // VEC); a block is CHUNKS consecutive pieces, so reads and
+            # writes run as in a contiguous cast (out is contiguous; a row's pieces are
+            # contiguous in the pool), with the row id looked up per piece.
             n_rows = n * PAGE
-            n_blocks = tl.cdiv(n_rows, ROWS)
+            n_pieces = n_rows * (DIM // VEC)
+            n_blocks = tl.cdiv(n_pieces, CHUNKS)
+            v = tl.arange(0, VEC)[None, :]
             while blk < n_blocks:
-                t = blk * ROWS + tl.arange(0, ROWS)
-                mask = t < n_rows
+                k = blk * CHUNKS + tl.arange(0, CHUNKS)
+                mask = k < n_pieces
+                t = k // (DIM // VEC)
+                c = (k % (DIM // VEC)) * VEC
                 if PAGE == 1:
                     src = tl.load(rows_ptr + t, mask=mask, other=0).to(tl.int64)
                 else:
-                    page = tl.load(rows_ptr + t // PAGE, mask=mask, other=0).to(tl.int64)
-                    src = page * PAGE + t % PAGE
-                _move_rows(pool_ptr, out_ptr, src, t, mask, pool_stride, out_stride, DIM, MAIN, TAIL)
-                if WRITE_INDEX:
-                    tl.store(index_ptr + t, t, mask=mask)
+                    src = tl.load(rows_ptr + t // PAGE, mask=mask, other=0).to(tl.int64) * PAGE + t % PAGE
+                m = mask[:, None]
+                x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=m)
+                tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=m)
+                if WRITE_INDEX:  # index[t] = t for the rows whose first piece is in this block
+                    first = tl.cdiv(blk * CHUNKS, DIM // VEC)
+                    end = tl.cdiv(tl.minimum(blk * CHUNKS + CHUNKS, n_pieces), DIM // VEC)
+                    tt = first + tl.arange(0, INDEX_ROWS)
+                    tl.store(index_ptr + tt, tt, mask=tt < end)
                 blk += step
         elif WRITE_INDEX:
             n_blocks = tl.cdiv(n, ROWS)
@@ -469,7 +494,9 @@ def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity:
         most_rows = max(most_rows, n_max)
     if most_rows == 0:
         return
-    grid = (_live_programs(pool2d.device, triton.cdiv(most_rows, cfg["ROWS"])),)
+    vec = _piece(dim, cfg["VEC"])
+    blocks = max(triton.cdiv(most_rows * (dim // vec), cfg["CHUNKS"]), triton.cdiv(most_rows, cfg["ROWS"]))
+    grid = (_live_programs(pool2d.device, blocks),)
     _gather_live_kernel[grid](
         pool2d,
         rows,
@@ -483,6 +510,9 @@ def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity:
         PAGE=page,
         WRITE_INDEX=index is not None,
         ROWS=cfg["ROWS"],
+        CHUNKS=cfg["CHUNKS"],
+        VEC=vec,
+        INDEX_ROWS=triton.next_power_of_2(triton.cdiv(cfg["CHUNKS"], dim // vec)),
         DIM=dim,
         MAIN=main,
         TAIL=tail,

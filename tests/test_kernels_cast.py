@@ -202,7 +202,7 @@ def both(fn, *tensors):
     fn("torch", *want)
     return all(same(g, w) for g, w in zip(got, want))
 
-LIVE_CONFIG.update(ROWS=8, PROGRAMS_PER_SM=1)  # 4 programs on the CPU: each loops over many blocks
+LIVE_CONFIG.update(ROWS=8, PROGRAMS_PER_SM=1)  # 4 programs on the CPU: each loops over many blocks (pieces split rows)
 gen = torch.Generator().manual_seed(0)
 N, D = 512, 576
 pool = torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, generator=gen)

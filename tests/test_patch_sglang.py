@@ -32,7 +32,7 @@ FLASHATTENTION = "python/sglang/srt/layers/attention/flashattention_backend.py"
 WHOLE_POOL_CAST = "get_key_buffer(layer.layer_id).to(q.dtype)"
 # Definitions of kernels/kv_cast.py that the patch's new module copies verbatim
 # (kernels/patches/sync_kernel_copy.py writes them; this test checks them independently).
-SHARED_FUNCTIONS = ("_count_sms", "_live_programs", "_row_tiles", "_fp8_to_bf16", "_move_rows",
+SHARED_FUNCTIONS = ("_count_sms", "_live_programs", "_piece", "_row_tiles", "_fp8_to_bf16", "_move_rows",
                     "_gather_live_kernel", "_copy_live_kernel", "_index_pages_kernel",
                     "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
 SHARED_CONSTANTS = ("LIVE_CONFIG", "PAGE_INDEX_CONFIG")
