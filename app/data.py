@@ -75,9 +75,11 @@ def _connect(read_only: bool) -> Iterator[Store]:
 
 class _Batch(threading.local):
     """The read-only connection of the load_all call running in this thread: opened at its first
-    cache miss (a batch served from the cache opens none), closed when the call returns."""
+    cache miss (a batch served from the cache opens none), closed when the call returns, or
+    inside `reading()` when that block ends."""
 
     store: Store | None = None
+    depth: int = 0
 
     def open_store(self, path: str) -> Store:
         if self.store is None:
@@ -117,7 +119,22 @@ def load_all(*calls: tuple):
         st.warning(explain_store_error(e, path))
         st.stop()
     finally:
-        _BATCH.close()
+        if not _BATCH.depth:
+            _BATCH.close()
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[None]:
+    """Every load_all in the block shares one read-only connection (opened at the first cache
+    miss, closed when the block ends): a page whose second reads depend on its first (Trends:
+    the series, then the chosen series' trend) waits for writers once, not once per read."""
+    _BATCH.depth += 1
+    try:
+        yield
+    finally:
+        _BATCH.depth -= 1
+        if not _BATCH.depth:
+            _BATCH.close()
 
 
 def load(view: Callable, *args):

@@ -16,8 +16,9 @@ db/BENCHMARKS.md. Everything is a real process on one real DuckDB file, as in pr
    commit, so change tracking follows every one.
 3. A reader process (`--reader`, started by the benchmark) reads as the pages do, once every
    `--read-every-s`: Trends (count_runs, list_series, list_runs_without_commit, then the biggest
-   series' get_trend and list_series_changes, in two read-only connections as app/data.py opens
-   them) and Run (list_recent_runs + get_run_detail of the newest run, one connection), in turn.
+   series' get_trend and list_series_changes, in one read-only connection, as the page reads
+   them through app/data.py's reading()) and Run (list_recent_runs + get_run_detail of the
+   newest run, one connection), in turn.
    A read's latency runs from asking for the connection to closing it: the wait for writers is
    the point. It writes one latency per line.
 4. When the window ends, queued jobs are cancelled, the worker finishes its current job and
@@ -100,14 +101,13 @@ def reader_main(db: str, out_path: str, stop_path: str, every_s: float) -> None:
         finally:
             waited[0] += time.perf_counter() - t0
 
-    def trends() -> None:
+    def trends() -> None:  # one connection, as the page reads (app/data.py reading())
         with open_db(db, read_only=True, wait_s=120) as store:
             views.count_runs(store)
             series = views.list_series(store)
             views.list_runs_without_commit(store)
-        if len(series):
-            top = series.iloc[0]
-            with open_db(db, read_only=True, wait_s=120) as store:
+            if len(series):
+                top = series.iloc[0]
                 views.get_trend(store, top["repo"], top["engine"], top["device"], top["workload_id"], 100)
                 views.list_series_changes(store, top["repo"], top["engine"], top["device"], top["workload_id"])
 

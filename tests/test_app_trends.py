@@ -85,3 +85,36 @@ def test_a_series_without_a_change_has_no_marker(dashboard_db, open_page):  # no
     at = open_page(dashboard_db, "trends")
     tok = _chart_spec(at)["vconcat"][0]
     assert len(tok["layer"]) == 3 and not any(c.value.startswith("Dashed rules") for c in at.caption)
+
+
+_ONE_RUN_OF_THE_PAGE = """
+import sys
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file(sys.argv[1], default_timeout=60)
+at.switch_page("screens/trends.py")
+at.run()
+assert not at.exception, at.exception
+print(at.selectbox[0].value)
+"""
+
+
+def test_the_page_waits_for_writers_once(dashboard_db, tmp_path):  # noqa: F811
+    """Its second reads (the chosen series' trend) depend on its first (the series): both run in one
+    read-only hold of the file (app/data.py reading()), so a page waits behind at most one writer
+    per rerun instead of two. Counted from db/store.py's hold log, in a process of its own (the
+    log is switched on by its environment variable at import)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    log = tmp_path / "holds.log"
+    env = {**os.environ, "STEPWATCH_DB": str(dashboard_db), "STEPWATCH_DB_HOLD_LOG": str(log),
+           "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", _ONE_RUN_OF_THE_PAGE, str(root / "app" / "main.py")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "stepwatch"  # the series were read and a series chosen
+    holds = [line.split() for line in log.read_text().splitlines()]
+    assert [(mode, where.rsplit(":", 1)[-1]) for _, mode, _, where in holds] == [("read", "reading")]

@@ -9,21 +9,10 @@ from app.tables import link_runs, run_columns
 from app.widgets import select_in_url
 from db import views
 
-st.title("Trends")
-st.caption("Decode throughput of each workload along a repository's first-parent history. "
-           "Points are runs; click one to open it.")
 
-counts, series, loose = data.load_all((views.count_runs,), (views.list_series,), (views.list_runs_without_commit,))
-if counts["runs"] == 0:
-    st.info("No runs yet. Start one on the Run a benchmark page, or import a trace with "
-            "`python -m ingest import PATH`.")
-    st.page_link("screens/run_benchmark.py", label="Run a benchmark", icon=":material/play_arrow:")
-    st.stop()
-
-if series.empty:
-    st.info(f"None of the {counts['runs']} runs measured a commit, so there is no trend to draw yet. "
-            "They are listed below.")
-else:
+def choose_series(series):
+    """The selectors above the chart (each kept in the URL); the chosen repo, engine, GPU, workload,
+    how many commits to show, and the workload keys of the remaining series."""
     cols = st.columns([1, 1, 1.4, 0.7, 2.6, 0.8])
     with cols[0]:
         repo = select_in_url("Repository", series["repo"].unique(), "repo", format_func=lambda v: v or "(none)")
@@ -47,9 +36,30 @@ else:
     with cols[5]:
         last = select_in_url("Commits shown", ["30", "100", "300", "all"], "last", default="100",
                              format_func=lambda n: "all" if n == "all" else f"last {n}")
-    trend, changes = data.load_all((views.get_trend, repo, engine, device, workload_id,
-                                    None if last == "all" else int(last)),
-                                   (views.list_series_changes, repo, engine, device, workload_id))
+    return repo, engine, device, workload_id, last, keys
+
+
+st.title("Trends")
+st.caption("Decode throughput of each workload along a repository's first-parent history. "
+           "Points are runs; click one to open it.")
+
+with data.reading():  # one wait for writers: the series, then the chosen series' trend
+    counts, series, loose = data.load_all((views.count_runs,), (views.list_series,), (views.list_runs_without_commit,))
+    if counts["runs"] == 0:
+        st.info("No runs yet. Start one on the Run a benchmark page, or import a trace with "
+                "`python -m ingest import PATH`.")
+        st.page_link("screens/run_benchmark.py", label="Run a benchmark", icon=":material/play_arrow:")
+        st.stop()
+    if not series.empty:
+        repo, engine, device, workload_id, last, keys = choose_series(series)
+        trend, changes = data.load_all((views.get_trend, repo, engine, device, workload_id,
+                                        None if last == "all" else int(last)),
+                                       (views.list_series_changes, repo, engine, device, workload_id))
+
+if series.empty:
+    st.info(f"None of the {counts['runs']} runs measured a commit, so there is no trend to draw yet. "
+            "They are listed below.")
+else:
     commits = trend["commit_order"].nunique()
     variants = ", ".join(sorted(trend["variant"].unique()))
     st.markdown(format_markdown("**{}** — {} runs at {} commit{}, variants: {}", describe_workload(keys[workload_id]),
