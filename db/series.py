@@ -48,17 +48,18 @@ def load_step_categories(store, run_ids: list[int]) -> pd.DataFrame:
         [list(map(int, run_ids))]).df()
 
 
-def load_kernel_rows(store, run_id: int) -> pd.DataFrame:
-    return store.get_kernel_stats(run_id)
-
-
-def load_run_facts(store, run_id: int) -> dict:
-    run = store.get_run(run_id)
-    row = store.con.execute("SELECT manifest, timing_ms_median, batch_size FROM runs WHERE run_id = ?",
-                            [run_id]).fetchone()
-    run["manifest"] = json.loads(row[0]) if row[0] else None
-    run["timing_ms_median"], run["batch_size"] = row[1], row[2]
-    return run
+def load_runs_facts(store, run_ids: list[int]) -> dict[int, dict]:
+    """Store.get_run of each run plus its manifest, timing median and batch size, in two
+    queries whatever the number of runs (a series read holds the file: one query per run made
+    that hold grow with the series)."""
+    runs = store.get_runs(run_ids)
+    rows = store.con.execute("SELECT run_id, manifest, timing_ms_median, batch_size FROM runs"
+                             " WHERE list_contains(?, run_id)", [list(map(int, run_ids))]).fetchall()
+    for run_id, manifest, timing, batch in rows:
+        run = runs[run_id]
+        run["manifest"] = json.loads(manifest) if manifest else None
+        run["timing_ms_median"], run["batch_size"] = timing, batch
+    return runs
 
 
 def replace_changes(store, repo: str, series: dict, rows: list[dict]) -> list[int]:

@@ -68,6 +68,24 @@ class RunRecord:
     rank_stats: pd.DataFrame | None = None  # rank, device_name, steps, step_ms_median, busy/comm/wait ms per step, ...
 
 
+RunTables = dict  # "steps", "cats", "kernels" and maybe "ranks": Arrow tables of a RunRecord's frames
+
+
+def run_tables(rec: RunRecord) -> RunTables:
+    """The record's tables as Arrow tables, for Store.insert_run: made before the file is opened
+    (DuckDB scans a pandas frame column by column through pandas, ~3x slower than Arrow for the
+    small tables of a run, and that time would be spent holding the file)."""
+    import pyarrow as pa
+
+    def arrow(frame: pd.DataFrame) -> "pa.Table":
+        return pa.Table.from_pandas(frame, preserve_index=False)
+
+    tables = {"steps": arrow(rec.step_table), "cats": arrow(rec.step_categories), "kernels": arrow(rec.kernel_stats)}
+    if rec.rank_stats is not None and len(rec.rank_stats):
+        tables["ranks"] = arrow(rec.rank_stats)
+    return tables
+
+
 def _migration_files() -> list[tuple[int, str, Path]]:
     out = []
     for p in sorted(MIGRATIONS.glob("*.sql")):
@@ -191,22 +209,24 @@ class Store:
         return row[0] if row else None
 
     def _ensure_repo(self, name: str) -> int:
-        self.con.execute("INSERT INTO repos (name) VALUES (?) ON CONFLICT (name) DO NOTHING", [name])
-        return self.con.execute("SELECT repo_id FROM repos WHERE name = ?", [name]).fetchone()[0]
+        found = self.con.execute("SELECT repo_id FROM repos WHERE name = ?", [name]).fetchone()
+        if found:
+            return found[0]
+        return self.con.execute("INSERT INTO repos (name) VALUES (?) RETURNING repo_id", [name]).fetchone()[0]
 
     def _ensure_commit(self, repo_id: int, sha: str) -> int:
-        self.con.execute(
-            "INSERT INTO commits (repo_id, sha) VALUES (?, ?) ON CONFLICT (repo_id, sha) DO NOTHING",
-            [repo_id, sha],
-        )
+        found = self.con.execute("SELECT commit_id FROM commits WHERE repo_id = ? AND sha = ?", [repo_id, sha]).fetchone()
+        if found:
+            return found[0]
         return self.con.execute(
-            "SELECT commit_id FROM commits WHERE repo_id = ? AND sha = ?", [repo_id, sha]
-        ).fetchone()[0]
+            "INSERT INTO commits (repo_id, sha) VALUES (?, ?) RETURNING commit_id", [repo_id, sha]).fetchone()[0]
 
-    def insert_run(self, rec: RunRecord) -> tuple[int, bool]:
+    def insert_run(self, rec: RunRecord, tables: "RunTables | None" = None) -> tuple[int, bool]:
         """Write a run and its tables in one transaction. Returns (run_id, created); a run
         with the same content hash, or a second run for the same job, is not written and the
-        existing run's id is returned."""
+        existing run's id is returned. `tables` (run_tables(rec), made before the file is
+        opened) keeps their conversion out of the time the file is held."""
+        tables = tables if tables is not None else run_tables(rec)
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
@@ -237,44 +257,40 @@ class Store:
                  json.dumps(rec.diagnosis) if rec.diagnosis is not None else None,
                  json.dumps(rec.notes) if rec.notes else None],
             ).fetchone()[0]
-            steps = rec.step_table.assign(run_id=run_id)
-            cats = rec.step_categories.assign(run_id=run_id)
-            kernels = rec.kernel_stats.assign(run_id=run_id)
-            con.register("new_steps", steps)
-            con.register("new_cats", cats)
-            con.register("new_kernels", kernels)
-            con.execute(
-                "INSERT INTO steps (run_id, rank, step, wall_us, gpu_busy_us, kernel_us)"
-                " SELECT run_id, rank, step, wall_us, gpu_busy_us, kernel_us FROM new_steps"
-            )
-            con.execute(
-                "INSERT INTO step_categories (run_id, rank, step, category, dur_us)"
-                " SELECT run_id, rank, step, category, dur_us FROM new_cats"
-            )
-            con.execute(
-                "INSERT INTO kernel_stats (run_id, rank, name, category, launcher, source, calls,"
-                " calls_per_step, total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
-                " share, bytes_per_call, gbps, peak_fraction)"
-                " SELECT run_id, rank, name, category, launcher, source, calls, calls_per_step,"
-                " total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
-                " CASE WHEN isnan(share) THEN NULL ELSE share END,"
-                " CASE WHEN isnan(bytes_per_call) THEN NULL ELSE bytes_per_call END,"
-                " CASE WHEN isnan(gbps) THEN NULL ELSE gbps END,"
-                " CASE WHEN isnan(peak_fraction) THEN NULL ELSE peak_fraction END"
-                " FROM new_kernels"
-            )
-            for name in ("new_steps", "new_cats", "new_kernels"):
-                con.unregister(name)
-            if rec.rank_stats is not None and len(rec.rank_stats):
-                con.register("new_ranks", rec.rank_stats.assign(run_id=run_id))
+            for name, table in tables.items():
+                con.register(f"new_{name}", table)
+            try:
                 con.execute(
-                    "INSERT INTO rank_stats (run_id, rank, device_name, steps, step_ms_median, busy_ms_median,"
-                    " comm_ms_median, wait_ms_median, last_arrivals, collectives, between_steps_ms)"
-                    " SELECT run_id, rank, device_name, steps, step_ms_median, busy_ms_median,"
-                    " comm_ms_median, wait_ms_median, last_arrivals, collectives, between_steps_ms"
-                    " FROM new_ranks"
+                    "INSERT INTO steps (run_id, rank, step, wall_us, gpu_busy_us, kernel_us)"
+                    " SELECT ?, rank, step, wall_us, gpu_busy_us, kernel_us FROM new_steps", [run_id]
                 )
-                con.unregister("new_ranks")
+                con.execute(
+                    "INSERT INTO step_categories (run_id, rank, step, category, dur_us)"
+                    " SELECT ?, rank, step, category, dur_us FROM new_cats", [run_id]
+                )
+                con.execute(
+                    "INSERT INTO kernel_stats (run_id, rank, name, category, launcher, source, calls,"
+                    " calls_per_step, total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
+                    " share, bytes_per_call, gbps, peak_fraction)"
+                    " SELECT ?, rank, name, category, launcher, source, calls, calls_per_step,"
+                    " total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
+                    " CASE WHEN isnan(share) THEN NULL ELSE share END,"
+                    " CASE WHEN isnan(bytes_per_call) THEN NULL ELSE bytes_per_call END,"
+                    " CASE WHEN isnan(gbps) THEN NULL ELSE gbps END,"
+                    " CASE WHEN isnan(peak_fraction) THEN NULL ELSE peak_fraction END"
+                    " FROM new_kernels", [run_id]
+                )
+                if "ranks" in tables:
+                    con.execute(
+                        "INSERT INTO rank_stats (run_id, rank, device_name, steps, step_ms_median, busy_ms_median,"
+                        " comm_ms_median, wait_ms_median, last_arrivals, collectives, between_steps_ms)"
+                        " SELECT ?, rank, device_name, steps, step_ms_median, busy_ms_median,"
+                        " comm_ms_median, wait_ms_median, last_arrivals, collectives, between_steps_ms"
+                        " FROM new_ranks", [run_id]
+                    )
+            finally:
+                for name in tables:
+                    con.unregister(f"new_{name}")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -294,23 +310,28 @@ class Store:
             "rank_stats": self.con.execute("SELECT count(*) FROM rank_stats").fetchone()[0],
         }
 
+    _RUN_COLUMNS = (
+        "SELECT r.run_id AS id, p.name AS repo, c.sha AS commit, r.variant, r.engine,"
+        " r.device_name AS device, r.peak_gbps, r.ranks, r.steps, r.step_method,"
+        " r.step_ms_median, r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share,"
+        " r.kernel_us_total, r.kernels_from_cpu_ops, r.source_path, r.workload, r.notes,"
+        " (SELECT min(rank) FROM steps s WHERE s.run_id = r.run_id) AS first_rank"
+        " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+        " LEFT JOIN commits c ON c.commit_id = r.commit_id")
+
     def get_run(self, run_id: int) -> dict[str, Any] | None:
-        cur = self.con.execute(
-            "SELECT r.run_id AS id, p.name AS repo, c.sha AS commit, r.variant, r.engine,"
-            " r.device_name AS device, r.peak_gbps, r.ranks, r.steps, r.step_method,"
-            " r.step_ms_median, r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share,"
-            " r.kernel_us_total, r.kernels_from_cpu_ops, r.source_path, r.workload, r.notes,"
-            " (SELECT min(rank) FROM steps s WHERE s.run_id = r.run_id) AS first_rank"
-            " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
-            " LEFT JOIN commits c ON c.commit_id = r.commit_id WHERE r.run_id = ?",
-            [run_id],
-        )
-        row = cur.fetchone()
-        if row is None:
-            return None
-        out = dict(zip([d[0] for d in cur.description], row))
-        out["workload"] = json.loads(out["workload"]) if out["workload"] else None
-        out["notes"] = json.loads(out["notes"]) if out["notes"] else []
+        return self.get_runs([run_id]).get(run_id)
+
+    def get_runs(self, run_ids: list[int]) -> dict[int, dict[str, Any]]:
+        """get_run of each run that exists, in one query: {run_id: row}."""
+        cur = self.con.execute(self._RUN_COLUMNS + " WHERE list_contains(?, r.run_id)", [list(map(int, run_ids))])
+        names = [d[0] for d in cur.description]
+        out = {}
+        for row in cur.fetchall():
+            run = dict(zip(names, row))
+            run["workload"] = json.loads(run["workload"]) if run["workload"] else None
+            run["notes"] = json.loads(run["notes"]) if run["notes"] else []
+            out[run["id"]] = run
         return out
 
     def get_rank_stats(self, run_id: int) -> pd.DataFrame:
@@ -332,14 +353,27 @@ class Store:
             [run_id, rank],
         ).df()
 
+    _KERNEL_COLUMNS = ("name, category, launcher, source, calls, calls_per_step, total_us, mean_us,"
+                       " median_us, p90_us, min_us, max_us, ms_per_step, share, bytes_per_call, gbps,"
+                       " peak_fraction")
+
     def get_kernel_stats(self, run_id: int, rank: int = 0, limit: int | None = None) -> pd.DataFrame:
         return self.con.execute(
-            "SELECT name, category, launcher, source, calls, calls_per_step, total_us, mean_us,"
-            " median_us, p90_us, min_us, max_us, ms_per_step, share, bytes_per_call, gbps,"
-            " peak_fraction FROM kernel_stats WHERE run_id = ? AND rank = ?"
+            f"SELECT {self._KERNEL_COLUMNS} FROM kernel_stats WHERE run_id = ? AND rank = ?"
             " ORDER BY total_us DESC, name LIMIT ?",
             [run_id, rank, limit if limit is not None else 2**62],
         ).df()
+
+    def get_kernel_stats_of_runs(self, run_ids: list[int], rank: int = 0) -> dict[int, pd.DataFrame]:
+        """get_kernel_stats of each run, in one query: {run_id: frame} (an empty frame for a run
+        without kernel rows)."""
+        ids = list(map(int, run_ids))
+        frame = self.con.execute(
+            f"SELECT run_id, {self._KERNEL_COLUMNS} FROM kernel_stats WHERE list_contains(?, run_id) AND rank = ?"
+            " ORDER BY run_id, total_us DESC, name", [ids, rank]).df()
+        groups = {int(k): g.drop(columns="run_id").reset_index(drop=True) for k, g in frame.groupby("run_id", sort=False)}
+        empty = frame.drop(columns="run_id").iloc[0:0]
+        return {rid: groups.get(rid, empty.copy()) for rid in ids}
 
     def get_steps(self, run_id: int, rank: int = 0) -> pd.DataFrame:
         return self.con.execute(

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from db.store import DEFAULT_DB, StoreError, open_db
+from db.store import DEFAULT_DB, StoreError, open_db, run_tables
 from kernels.bundle import BundleError
 
 from .categories import load_rule_chain
@@ -344,8 +344,9 @@ def run_check(args) -> int:
 
 
 def _store_import(db: str, record, facts) -> tuple[int, bool]:
+    tables = run_tables(record)  # before the file is held
     with open_db(db) as store:
-        run_id, created = store.insert_run(record)
+        run_id, created = store.insert_run(record, tables)
         if facts is not None:
             store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
     return run_id, created

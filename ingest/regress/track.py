@@ -18,8 +18,7 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from db.series import (list_series, load_kernel_rows, load_points, load_run_facts, load_step_categories,
-                       replace_changes)
+from db.series import list_series, load_points, load_runs_facts, load_step_categories, replace_changes
 from db.store import open_db
 
 from ..categories import COPY_CATEGORIES
@@ -38,11 +37,10 @@ def is_bisectable(metric: str) -> bool:
     return metric in PRIMARY or metric == "copy_share" or metric.startswith("kernel:calls_per_step:")
 
 
-def _facts(store, run_id: int) -> RunFacts:
-    run = load_run_facts(store, run_id)
+def _facts_of(run: dict, kernels: pd.DataFrame) -> RunFacts:
     workload = (run.get("manifest") or {}).get("workload") or run.get("workload") or {}
     step_ms = run.get("timing_ms_median") or run["step_ms_median"]
-    return RunFacts(step_ms=step_ms, kernels=load_kernel_rows(store, run_id), tok_per_s=run["tok_per_s"],
+    return RunFacts(step_ms=step_ms, kernels=kernels, tok_per_s=run["tok_per_s"],
                     batch_size=run.get("batch_size") or workload.get("batch_size"), layers=run["layers"],
                     device_name=run["device"], peak_gbps=run["peak_gbps"], workload=workload,
                     commit=run["commit"], variant=run["variant"])
@@ -118,7 +116,8 @@ def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -
     if points["commit_id"].nunique() < 2:
         return None
     run_ids = [int(r) for r in points["run_id"]]
-    facts = {rid: _facts(store, rid) for rid in run_ids}
+    runs, kernel_rows = load_runs_facts(store, run_ids), store.get_kernel_stats_of_runs(run_ids)
+    facts = {rid: _facts_of(runs[rid], kernel_rows[rid]) for rid in run_ids}
     kernels = {}
     for rid in run_ids:
         k = facts[rid].kernels.copy()

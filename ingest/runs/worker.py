@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from db.store import StoreError, open_db
+from db.store import StoreError, open_db, run_tables
 
 from ..categories import Rule
 from ..errors import IngestError
@@ -226,10 +226,11 @@ def _import(db_path: str, job_id: int, spec: RunSpec, rules: list[Rule], bundle:
     record = prepare_import(bundle, rules, ImportOptions(
         repo=repo, commit=commit.sha if commit else spec.ref,
         variant=spec.variant if spec.engine != "reference" else None, job_id=job_id))
+    tables = run_tables(record)  # before the file is held
     with open_db(db_path) as store:
         if commit is not None:  # before the run: a job with a run has its commit's facts
             store.record_commit(repo, commit.sha, commit.committed_at, commit.author, commit.subject, commit.seq)
-        run_id, created = store.insert_run(record)
+        run_id, created = store.insert_run(record, tables)
     reporter.line(f"job {job_id}: {'imported as' if created else 'already imported as'} run {run_id}")
     return run_id
 
