@@ -10,24 +10,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
 
 from .attach import AttachError, attach, detach
+from .common import DEFAULT_DB, StoreError
+
+if TYPE_CHECKING:  # frames come from DuckDB's .df(), which loads pandas when first called
+    import pandas as pd
 from .lock import DbLock, LockTimeout
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-DEFAULT_DB = os.environ.get("STEPWATCH_DB", "stepwatch.duckdb")
-
-
-class StoreError(Exception):
-    """The database file cannot be opened or used; the message names the file."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +81,15 @@ def run_tables(rec: RunRecord) -> RunTables:
     if rec.rank_stats is not None and len(rec.rank_stats):
         tables["ranks"] = arrow(rec.rank_stats)
     return tables
+
+
+def _result(cursor: duckdb.DuckDBPyConnection, records: bool) -> "pd.DataFrame | list[dict]":
+    """A query's rows as a DataFrame, or with `records` as dicts by column name (SQL NULL as
+    None, NaN as NaN; DuckDB's integers stay integers)."""
+    if not records:
+        return cursor.df()
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
 def _migration_files() -> list[tuple[int, str, Path]]:
@@ -334,35 +340,37 @@ class Store:
             out[run["id"]] = run
         return out
 
-    def get_rank_stats(self, run_id: int) -> pd.DataFrame:
-        """One row per rank of the run (empty for runs imported before ranks were recorded)."""
-        return self.con.execute(
+    def get_rank_stats(self, run_id: int, records: bool = False) -> "pd.DataFrame | list[dict]":
+        """One row per rank of the run (empty for runs imported before ranks were recorded).
+        With `records`, a list of dicts (no pandas: what `ingest report` reads)."""
+        return _result(self.con.execute(
             "SELECT rank, device_name, steps, step_ms_median, busy_ms_median, comm_ms_median,"
             " wait_ms_median, last_arrivals, collectives, between_steps_ms"
             " FROM rank_stats WHERE run_id = ? ORDER BY rank",
             [run_id],
-        ).df()
+        ), records)
 
-    def get_run_categories(self, run_id: int, rank: int = 0) -> pd.DataFrame:
+    def get_run_categories(self, run_id: int, rank: int = 0, records: bool = False) -> "pd.DataFrame | list[dict]":
         """Per-category ms per step (kernels inside steps) and share of all kernel time, largest first."""
-        return self.con.execute(
+        return _result(self.con.execute(
             "WITH per AS (SELECT category, sum(total_us) AS total_us, sum(ms_per_step) AS ms_per_step"
             "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY category)"
             " SELECT category, ms_per_step, total_us / nullif(sum(total_us) OVER (), 0) AS share"
             " FROM per ORDER BY total_us DESC, category",
             [run_id, rank],
-        ).df()
+        ), records)
 
     _KERNEL_COLUMNS = ("name, category, launcher, source, calls, calls_per_step, total_us, mean_us,"
                        " median_us, p90_us, min_us, max_us, ms_per_step, share, bytes_per_call, gbps,"
                        " peak_fraction")
 
-    def get_kernel_stats(self, run_id: int, rank: int = 0, limit: int | None = None) -> pd.DataFrame:
-        return self.con.execute(
+    def get_kernel_stats(self, run_id: int, rank: int = 0, limit: int | None = None,
+                         records: bool = False) -> "pd.DataFrame | list[dict]":
+        return _result(self.con.execute(
             f"SELECT {self._KERNEL_COLUMNS} FROM kernel_stats WHERE run_id = ? AND rank = ?"
             " ORDER BY total_us DESC, name LIMIT ?",
             [run_id, rank, limit if limit is not None else 2**62],
-        ).df()
+        ), records)
 
     def get_kernel_stats_of_runs(self, run_ids: list[int], rank: int = 0) -> dict[int, pd.DataFrame]:
         """get_kernel_stats of each run, in one query: {run_id: frame} (an empty frame for a run

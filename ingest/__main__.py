@@ -4,10 +4,10 @@ heavy modules load (ingest/priority.py)."""
 
 import sys
 
-from .priority import DatabaseThread, lower_this_thread
-
 db_thread = None
 if sys.argv[1:2] == ["import"]:
+    from .priority import DatabaseThread, lower_this_thread
+
     db_thread = DatabaseThread()
     lower_this_thread()
 

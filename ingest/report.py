@@ -1,14 +1,16 @@
-"""A run's figures as a readable table or as one JSON object (`python -m ingest report`)."""
+"""A run's figures as a readable table or as one JSON object (`python -m ingest report`).
+
+It loads DuckDB but neither pandas nor NumPy (the store's records form), so that a report
+answers in a fraction of a second (ingest/BENCHMARKS.md, start-up)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
 
-import pandas as pd
-
-from db.store import Store
+from db.store import Store, open_db
 
 from .errors import IngestError
 
@@ -27,8 +29,8 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _records(frame: pd.DataFrame, fields: list[str]) -> list[dict]:
-    return [{f: _clean(v) for f, v in zip(fields, row)} for row in frame[fields].itertuples(index=False)]
+def _records(rows: list[dict], fields: list[str]) -> list[dict]:
+    return [{f: _clean(row[f]) for f in fields} for row in rows]
 
 
 RANK_FIELDS = ["rank", "device_name", "steps", "step_ms_median", "busy_ms_median", "comm_ms_median",
@@ -41,15 +43,16 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
     run = store.get_run(run_id)
     if run is None:
         raise IngestError(f"{store.path}: no run with id {run_id}")
-    ranks = store.get_rank_stats(run_id)
+    ranks = store.get_rank_stats(run_id, records=True)
     rank = run["first_rank"] if rank is None else rank
-    known = set(ranks["rank"]) if len(ranks) else {run["first_rank"]}
+    known = {r["rank"] for r in ranks} if ranks else {run["first_rank"]}
     if rank not in known:
         raise IngestError(f"run {run_id} has no rank {rank} (its ranks: {', '.join(map(str, sorted(known)))})")
-    cats = store.get_run_categories(run_id, rank)
-    kernels = store.get_kernel_stats(run_id, rank)
-    for f in ("launcher", "source"):  # '' in the table means unknown
-        kernels[f] = kernels[f].where(kernels[f] != "", None)
+    cats = store.get_run_categories(run_id, rank, records=True)
+    kernels = store.get_kernel_stats(run_id, rank, records=True)
+    for k in kernels:  # '' in the table means unknown
+        for f in ("launcher", "source"):
+            k[f] = k[f] or None
     return {
         "run": {k: _clean(run[k]) for k in ("id", "repo", "commit", "variant", "device", "steps",
                                              "step_method", "step_ms_median", "tok_per_s")}
@@ -116,3 +119,13 @@ def format_report(report: dict, top: int = 15) -> str:
     if report["notes"]:
         lines += [""] + [f"note: {n}" for n in report["notes"]]
     return _printable("\n".join(lines))
+
+
+def run_report(args) -> int:
+    with open_db(args.db, read_only=True) as store:
+        report = build_report(store, args.run_id, args.rank)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(format_report(report, args.top))
+    return 0

@@ -35,6 +35,7 @@ import numpy as np
 from isal import igzip
 
 from .errors import TraceError
+from .limits import DEFAULT_LIMITS, ReadLimits
 
 # ~1 MB pieces: a piece's decoded objects stay in the CPU's caches (8 MB pieces read 30 % slower)
 CHUNK_BYTES = 1 << 20
@@ -42,20 +43,6 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
 
 
-@dataclass(frozen=True)
-class ReadLimits:
-    """What a trace may hold before it is refused; each refusal names its limit. Memory is
-    bounded by these, not by the input: the largest piece held is max_piece_bytes, the columns
-    grow with the events kept (at most max_events)."""
-
-    max_bytes: int = 16 << 30  # uncompressed JSON; `ingest import --max-trace-mb` raises it
-    max_inflation: float = 200.0  # uncompressed / compressed of a .json.gz, checked past 256 MB
-    max_events: int = 20_000_000  # ~13 GB of JSON, ~0.9 GB of columns; `--max-events` raises it
-    max_name_chars: int = 65_536  # an event name (a templated kernel name is a few thousand)
-    max_piece_bytes: int = 16 << 20  # one event, or the gap between two events
-
-
-DEFAULT_LIMITS = ReadLimits()
 _INFLATION_CHECKED_FROM = 256 << 20
 
 

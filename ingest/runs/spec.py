@@ -18,9 +18,8 @@ from typing import Any
 
 from .engines.sglang_choices import FLAG_CHOICES, find_choice_problem
 from .errors import SpecError
+from .names import DEVICES, ENGINES
 
-ENGINES = ("reference", "sglang", "import")
-DEVICES = ("cpu", "cuda")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/@{}~^-]*$")
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -62,7 +62,6 @@ from .errors import RunError
 from .hosts import LocalHost, make_host
 from .spec import Config
 
-MAX_ATTEMPTS = 2
 _WORK_NAME = re.compile(r"^job-(\d+)\.(\d+)$")
 
 

@@ -30,14 +30,15 @@ from db.store import StoreError, open_db, run_tables
 from ..categories import Rule
 from ..errors import IngestError
 from ..importer import ImportOptions, prepare_import
+from ..limits import MAX_ATTEMPTS
 from .engines.reference import run_reference
 from .errors import CommandCancelled, CommandTimeout, HostError, RunError, SpecError
 from .git import CommitInfo, describe_commit, resolve_ref
 from .hosts import Host, LocalHost, make_host
 from .repos import ROOT
 from .spec import Config, RunSpec, parse_spec
-from .survival import (MAX_ATTEMPTS, kept_bundle_path, list_work_dirs, make_work_dir, process_stamp,
-                       remove_scratch, remove_work_dirs, take_back_dead_jobs)
+from .survival import (kept_bundle_path, list_work_dirs, make_work_dir, process_stamp, remove_scratch,
+                       remove_work_dirs, take_back_dead_jobs)
 
 HEARTBEAT_S = 2.0
 STALE_S = 60.0

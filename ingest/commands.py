@@ -1,0 +1,237 @@
+"""What each `python -m ingest` command does (ingest/cli.py parses the arguments first)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from db.store import open_db, run_tables
+
+from .categories import load_rule_chain
+from .importer import ImportOptions, prepare_import
+from .limits import DEFAULT_LIMITS
+from .priority import DatabaseThread
+from .progress import Progress
+from .runs.errors import RunError, SpecError
+from .runs.git import list_first_parent
+from .runs.repos import ROOT as REPO_ROOT, locate_repo
+from .runs.spec import load_config, parse_spec
+from .runs.survival import process_stamp
+from .runs.worker import check_runnable, execute_job, make_host_for, run_worker, worker_name
+
+
+_WORKLOAD_FLAGS = ("preset", "kv", "cuda_graph", "model_path", "load_format", "kv_cache_dtype",
+                   "attention_backend", "batch_size", "input_len", "output_len", "context", "tp", "profile_steps")
+
+
+def _spec_body(args) -> dict:
+    """The spec file's fields (if any) with the flags given on the command line on top."""
+    body: dict = {}
+    if args.spec_file:
+        import tomllib
+
+        path = args.spec_file
+        try:
+            text = open(path).read()
+            body = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+        except OSError as e:
+            raise SpecError(f"{path}: cannot read ({e.strerror})") from None
+        except (ValueError, tomllib.TOMLDecodeError) as e:
+            raise SpecError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'TOML'} ({e})") from None
+        if not isinstance(body, dict):
+            raise SpecError(f"{path}: a spec is a table/object")
+    workload = dict(body.get("workload") or {})
+    for key in _WORKLOAD_FLAGS:
+        if getattr(args, key, None) is not None:
+            workload[key] = getattr(args, key)
+    body["workload"] = workload
+    for key in ("engine", "host", "device", "repo", "repo_path", "ref", "variant", "path", "timeout_s"):
+        if getattr(args, key, None) is not None:
+            body[key] = getattr(args, key)
+    return body
+
+
+def run_run(args) -> int:
+    config = load_config(args.config)
+    spec = parse_spec(_spec_body(args), config)
+    check_runnable(spec, config)  # an unknown ref or an unreachable host: refused, nothing queued
+    with open_db(args.db) as store:
+        job_id = store.enqueue_job(spec.to_json(), spec.describe())
+    print(f"queued job {job_id}: {spec.describe()}", file=sys.stderr)
+    if args.queue:
+        print(job_id)
+        return 0
+    with open_db(args.db) as store:
+        job = store.claim_job(worker_name(), job_id, worker_proc=process_stamp())
+    if job is None:
+        raise RunError(f"job {job_id} was taken by a worker before this command could run it")
+    bar = Progress(f"job {job_id}")
+    log_file = sys.stderr if not sys.stderr.isatty() else None
+    reporter_echo = (lambda line: print(line, file=log_file)) if log_file else None
+    status, run_id = execute_job(args.db, job, config, load_rule_chain(), _with_progress(bar, reporter_echo))
+    bar.close()
+    with open_db(args.db, read_only=True) as store:
+        final = store.get_job(job_id, with_log=False)
+    if status != "succeeded":
+        raise RunError(f"job {job_id} {status}: {final['error_kind']}: {final['error']}")
+    print(run_id)
+    return 0
+
+
+def _with_progress(bar: Progress, echo):
+    """An echo for the job's output lines that also drives the progress bar."""
+    from .runs.engines.reference import ProgressParser
+
+    parser = ProgressParser(0, lambda done, planned: bar.update(done, planned))
+
+    def each(line: str) -> None:
+        if not parser.feed(line) and echo:
+            echo(line)
+
+    return each
+
+
+def run_worker_cmd(args) -> int:
+    config = load_config(args.config)
+    print(f"worker {worker_name()} on {args.db}", file=sys.stderr)
+    run_worker(args.db, config, load_rule_chain(), poll_s=args.poll_s, exit_when_idle=args.exit_when_idle,
+               max_attempts=args.max_attempts, echo=lambda line: print(line, flush=True))
+    return 0
+
+
+def run_backfill(args) -> int:
+    config = load_config(args.config)
+    host = make_host_for(config, args.host or "local")
+    repo_name, repo_path = locate_repo(args.repo, config, args.host or "local")
+    if repo_path is None:
+        raise SpecError(f"--repo {args.repo}: not in the config's [repos] and not a checkout on this machine")
+    commits = list_first_parent(host, repo_path, args.range_spec, args.every)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    base = _spec_body(args)
+    specs = []
+    for c in commits:  # check every spec before queueing any
+        for v in variants:
+            body = {**base, "repo": repo_name, "ref": c.sha, "variant": v}
+            if args.repo not in config.repos:
+                body["repo_path"] = repo_path
+            specs.append(parse_spec(body, config))
+    batch = f"backfill {repo_name} {args.range_spec}"
+    with open_db(args.db) as store:
+        for c in commits:
+            store.record_commit(repo_name, c.sha, c.committed_at, c.author, c.subject, c.seq)
+        ids = [store.enqueue_job(s.to_json(), s.describe(), batch) for s in specs]
+    print(f"queued {len(ids)} jobs ({len(commits)} commits x {len(variants)} variants), "
+          f"jobs {ids[0]}..{ids[-1]}", file=sys.stderr)
+    print(" ".join(map(str, ids)))
+    return 0
+
+
+def run_jobs(args) -> int:
+    with open_db(args.db, read_only=True) as store:
+        rows = store.list_jobs(tuple(args.status) if args.status else None, args.limit)
+    for j in rows:
+        progress = f"{j['steps_done']}/{j['steps_planned']}" if j["steps_planned"] else ""
+        extra = f"run {j['run_id']}" if j["run_id"] else (f"{j['error_kind']}: {j['error']}" if j["error"] else "")
+        print(f"{j['job_id']:>5} {j['status']:<10} {progress:>7}  {j['label']}  {extra}".rstrip())
+    return 0
+
+
+def run_cancel(args) -> int:
+    with open_db(args.db) as store:
+        status = store.request_cancel(args.job_id)
+    if status is None:
+        raise RunError(f"no job {args.job_id}")
+    print(f"job {args.job_id}: {status}" + (" (asked to stop)" if status == "running" else ""))
+    return 0
+
+
+def run_samples(args) -> int:
+    from .samples import load_samples
+
+    with open_db(args.db) as store:
+        if store.count_rows()["runs"]:
+            print("the database already has runs: samples not loaded", file=sys.stderr)
+            return 0
+    from .regress.track import track_changes
+
+    n = load_samples(args.db, load_rule_chain())
+    with open_db(args.db) as store:
+        changes = track_changes(store)
+    print(f"loaded {n} sample runs into {args.db}; {len(changes)} confirmed changes", file=sys.stderr)
+    return 0
+
+
+def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
+    """The commit's date, author, subject and order, when a checkout here holds it."""
+    from .runs.git import describe_commit
+    from .runs.hosts import LocalHost
+
+    if commit is None:
+        return None
+    path = repo_path or (str(REPO_ROOT) if repo == "stepwatch" and (REPO_ROOT / ".git").exists() else None)
+    if path is None:
+        return None
+    try:
+        return describe_commit(LocalHost(), path, commit)
+    except RunError:
+        if repo_path:
+            raise RunError(f"--repo-path {repo_path}: has no commit {commit}") from None
+        return None  # a stepwatch commit this clone does not have: keep the sha alone
+
+
+def run_check(args) -> int:
+    from .regress.report import format_markdown
+    from .regress.track import analyse_series
+    from .runs.git import resolve_ref
+    from .runs.hosts import LocalHost
+
+    from db.series import list_series
+
+    config = load_config(args.config)
+    name, path = locate_repo(args.repo, config, repo_path=args.repo_path)
+    if path is None:
+        raise SpecError(f"--repo {args.repo}: not in the config's [repos] and not a checkout on this machine")
+    if ".." not in args.range_spec:
+        raise SpecError(f"--range {args.range_spec!r}: expected A..B")
+    start, _, end = args.range_spec.partition("..")
+    host = LocalHost()
+    lo, hi = resolve_ref(host, path, start), resolve_ref(host, path, end)
+    rows = []
+    with open_db(args.db, read_only=True) as store:
+        for s in list_series(store, name).to_dict(orient="records"):
+            rows += [{**s, **r} for r in analyse_series(store, s, (lo.seq, hi.seq))]
+        ids = sorted({r["first_bad_commit_id"] for r in rows})
+        facts = {cid: dict(zip(("sha", "subject"), store.con.execute(
+            "SELECT sha, subject FROM commits WHERE commit_id = ?", [cid]).fetchone())) for cid in ids}
+    print(format_markdown(rows, facts, args.range_spec), end="")
+    regressions = [r for r in rows if r["metric"] in ("tok_per_s", "step_ms") and r["direction"] == "regression"]
+    return 1 if args.fail_on_regression and regressions else 0
+
+
+def _store_import(db: str, record, facts) -> tuple[int, bool]:
+    tables = run_tables(record)  # before the file is held
+    with open_db(db) as store:
+        run_id, created = store.insert_run(record, tables)
+        if facts is not None:
+            store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
+    return run_id, created
+
+
+def run_import(args) -> int:
+    rules = load_rule_chain(args.rules)
+    limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=args.max_trace_mb << 20, max_events=args.max_events)
+    opts = ImportOptions(repo=args.repo, commit=args.commit, variant=args.variant, layers=args.layers,
+                         tok_per_s=args.tok_per_s, steps=args.steps, limits=limits)
+    with args.db_thread or DatabaseThread() as db_thread:
+        record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
+        facts = _commit_facts(record.commit, record.repo, args.repo_path)
+        run_id, created = db_thread(_store_import, args.db, record, facts)
+        if created and record.commit:
+            from .regress.track import follow_run
+
+            follow_run(args.db, run_id, db_thread)  # its own short connections: the detection runs with none open
+    print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "
+          f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
+    print(run_id)
+    return 0

@@ -1,0 +1,24 @@
+"""The limits the command line names (and `--help` shows): what a trace may hold, and how many
+attempts a job gets. A module of its own so that parsing the command line loads nothing heavy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What a trace may hold before it is refused; each refusal names its limit. Memory is
+    bounded by these, not by the input: the largest piece held is max_piece_bytes, the columns
+    grow with the events kept (at most max_events)."""
+
+    max_bytes: int = 16 << 30  # uncompressed JSON; `ingest import --max-trace-mb` raises it
+    max_inflation: float = 200.0  # uncompressed / compressed of a .json.gz, checked past 256 MB
+    max_events: int = 20_000_000  # ~13 GB of JSON, ~0.9 GB of columns; `--max-events` raises it
+    max_name_chars: int = 65_536  # an event name (a templated kernel name is a few thousand)
+    max_piece_bytes: int = 16 << 20  # one event, or the gap between two events
+
+
+DEFAULT_LIMITS = ReadLimits()
+
+MAX_ATTEMPTS = 2  # a job's attempts when its worker dies: one retry (ingest/runs/survival.py)
