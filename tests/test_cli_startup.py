@@ -1,0 +1,59 @@
+"""What `python -m ingest` loads before it answers: --help and usage errors load neither DuckDB
+nor NumPy nor pandas, and a report loads DuckDB but no NumPy or pandas (they cost ~0.6 s of the
+~0.7 s a command used to take to start; ingest/BENCHMARKS.md has the timings). Checked in fresh
+processes, from sys.modules, so the test says what was loaded, not how long it took."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("duckdb", "numpy", "pandas", "msgspec", "pyarrow", "torch")
+
+_PROBE = """
+import json, sys, io, contextlib
+sys.argv = ["python -m ingest", *json.loads(sys.argv[1])]
+out, err, code = io.StringIO(), io.StringIO(), None
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+        import runpy
+        runpy.run_module("ingest", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code
+print(json.dumps({"code": code, "out": out.getvalue(), "err": err.getvalue(),
+                  "loaded": sorted(m for m in %r if m in sys.modules)}))
+""" % (HEAVY,)
+
+
+def _probe(*argv: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(list(argv))], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_help_and_usage_errors_load_nothing_heavy():
+    helped = _probe("--help")
+    assert helped["code"] == 0 and "import" in helped["out"] and "report" in helped["out"]
+    assert helped["loaded"] == []
+    sub = _probe("import", "--help")
+    assert sub["code"] == 0 and "--max-trace-mb" in sub["out"] and "16,384 MB" in sub["out"]
+    assert sub["loaded"] == []
+    bad = _probe("report", "x")
+    assert bad["code"] == 2 and "'x' is not an integer" in bad["err"] and bad["loaded"] == []
+
+
+def test_a_report_loads_duckdb_but_not_numpy_or_pandas(tmp_path):
+    db = tmp_path / "s.duckdb"
+    made = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    report = _probe("report", "1", "--db", str(db), "--json")
+    assert report["code"] == 0, report["err"]
+    figures = json.loads(report["out"])
+    assert figures["run"]["id"] == 1 and figures["run"]["device"] == "NVIDIA H200"
+    assert round(figures["copy_share"], 3) == 0.906 and figures["categories"][0]["category"] == "cast"
+    assert report["loaded"] == ["duckdb"]
+    missing = _probe("report", "99", "--db", str(db))
+    assert missing["code"] == 2 and missing["err"].strip() == f"stepwatch: error: {db}: no run with id 99"
