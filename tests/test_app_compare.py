@@ -107,3 +107,16 @@ def test_two_commits_show_the_change_diagnosis_and_the_changes_confirmed_there(d
     assert at.markdown[3].value == ("Confirmed at 9f8e7d6 in kv-regression-demo (main): **tok/s -89.9 % "
                                     "(135.44 tok/s -> 13.62 tok/s)**, p = 6.8e-08 · [all changes](regressions)")
     assert at.markdown[4].value.startswith("Confirmed at 9f8e7d6 in kv-regression-demo (main): **step ms +894.4 %")
+
+
+def test_one_run_in_the_url_or_the_same_run_twice_is_a_notice(dashboard_db, open_page):  # noqa: F811
+    a = str(find_run_id(dashboard_db, "b9bba77-glm5-fused-graph"))
+    at = open_page(dashboard_db, "compare", a=a)
+    assert not at.exception
+    assert at.warning[0].value.startswith("Comparing needs two runs, `?a=` and `?b=`; only `?a=` was given: showing "
+                                          "the default comparison")
+    same = open_page(dashboard_db, "compare", a=a, b=a)
+    assert not same.exception
+    assert same.warning[0].value == f"A and B are the same run ({a}): every difference below is zero. Pick another run for B."
+    bad = open_page(dashboard_db, "compare", a="x", b=a)
+    assert bad.warning[0].value == "`?a=x` is not a run id (a positive whole number): ignored."

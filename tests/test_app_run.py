@@ -115,3 +115,19 @@ def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):  # noq
     kernels = at.dataframe[0].value  # rank 1's kernels: the only rank there is, no rank selector
     assert len(kernels) == 7 and kernels["name"].str.contains("Memcpy|kernel", case=False).any()
     assert not [s for s in at.selectbox if s.key == "url_rank"]
+
+
+def test_a_run_id_that_is_not_a_number_is_ignored_with_a_notice(dashboard_db, open_page):  # noqa: F811
+    newest = str(find_run_id(dashboard_db, "cpu_small.trace.json"))
+    for bad in ("abc", "1;DROP TABLE runs", "-3", "0", "１２"):
+        at = open_page(dashboard_db, "run", run=bad)
+        assert not at.exception
+        assert [w.value for w in at.warning] == [f"`?run={bad}` is not a run id (a positive whole number): ignored."]
+        assert at.query_params["run"] == newest  # the newest run is shown, and the URL says which
+
+
+def test_a_rank_the_run_does_not_have_is_a_notice(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "cpu_small.trace.json")), rank="7")
+    assert not at.exception
+    assert [w.value for w in at.warning] == ["`?rank=7`: this run has one rank, 0, shown below."]
+    assert "rank" not in at.query_params

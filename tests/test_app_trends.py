@@ -118,3 +118,12 @@ def test_the_page_waits_for_writers_once(dashboard_db, tmp_path):  # noqa: F811
     assert proc.stdout.strip().splitlines()[-1] == "stepwatch"  # the series were read and a series chosen
     holds = [line.split() for line in log.read_text().splitlines()]
     assert [(mode, where.rsplit(":", 1)[-1]) for _, mode, _, where in holds] == [("read", "reading")]
+
+
+def test_a_filter_that_matches_nothing_is_a_notice(dashboard_db, open_page):  # noqa: F811
+    at = open_page(dashboard_db, "trends", gpu="NVIDIA B300", last="7")
+    assert not at.exception
+    assert [w.value for w in at.warning] == [
+        "`?gpu=NVIDIA B300` matches no gpu here: showing NVIDIA H200 instead.",
+        "`?last=7` matches no commits shown here: showing last 100 instead."]
+    assert (at.query_params["gpu"], at.query_params["last"]) == ("NVIDIA H200", "100")

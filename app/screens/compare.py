@@ -16,7 +16,14 @@ from db import views
 from ingest.regress import RegressError
 
 st.title("Compare")
-comparison = data.load(views.get_comparison, read_int_param("a"), read_int_param("b"))
+asked_a, asked_b = read_int_param("a"), read_int_param("b")
+if (asked_a is None) != (asked_b is None):
+    st.warning(format_markdown("Comparing needs two runs, {:code} and {:code}; only {:code} was given: showing the "
+                               "default comparison (the last two commits of the newest series) instead.",
+                               "?a=", "?b=", "?a=" if asked_b is None else "?b="))
+elif asked_a is not None and asked_a == asked_b:
+    st.warning(f"A and B are the same run ({asked_a}): every difference below is zero. Pick another run for B.")
+comparison = data.load(views.get_comparison, asked_a, asked_b)
 if comparison is None:
     st.info("Comparing needs two runs; this database has fewer. Start some on the Run a benchmark page.")
     st.stop()

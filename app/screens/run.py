@@ -56,6 +56,10 @@ if len(ranks) > 1:
     rank = int(select_in_url("Rank", [str(r) for r in ranks], "rank", default=str(detail["rank"])))
     if rank != detail["rank"]:
         detail = data.load(views.get_run_detail, run_id, rank)
+elif st.query_params.get("rank") not in (None, str(detail["rank"])):
+    st.warning(format_markdown("{:code}: this run has one rank, {}, shown below.", f"?rank={st.query_params['rank'][:60]}",
+                               detail["rank"]))
+    st.query_params.pop("rank")
 breakdown, means, kernels, job = detail["breakdown"], detail["means"], detail["kernels"], detail["job"]
 
 st.subheader("Where the step time goes")
