@@ -42,6 +42,7 @@ def test_the_queue_shows_running_waiting_and_finished_jobs(dashboard_db, open_pa
                                  "Its log is below.")
     finished = at.dataframe[0].value
     assert finished["status"].tolist() == ["failed", "succeeded"]
+    assert finished["why"].tolist() == ["engine-error: kernels.bench exited with status 1", ""]  # not "nan: nan"
     assert finished["open"].tolist()[1].startswith("run?run=")
     at.selectbox(key="log_job").select(2).run()
     assert "RuntimeError: out of memory" in at.code[-1].value

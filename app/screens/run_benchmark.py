@@ -13,6 +13,15 @@ from db import views
 from ingest.runs.errors import RunError
 from ingest.runs.spec import load_config
 
+
+def _why(kind, error) -> str:
+    """A finished job's error cell: "kind: message", or empty for a job that did not fail (its
+    fields are NULL, which pandas gives as NaN once any job in the table has an error)."""
+    kind = kind if isinstance(kind, str) else ""
+    error = error if isinstance(error, str) else ""
+    return f"{kind}: {error}" if kind and error else kind or error
+
+
 st.title("Run a benchmark")
 st.caption("Queue runs for a worker (`python -m ingest worker`); each finished run appears on the other pages.")
 try:
@@ -92,7 +101,7 @@ def show_jobs() -> None:
                 st.error(format_markdown("Job {} failed ({}): {}. Its log is below.", job.job_id, job.error_kind,
                                          job.error))
         table = done.assign(open=link_runs(done["run_id"]),
-                            why=[f"{k}: {e}" if k else "" for k, e in zip(done["error_kind"], done["error"])])
+                            why=[_why(k, e) for k, e in zip(done["error_kind"], done["error"])])
         st.dataframe(table, hide_index=True, column_order=["job_id", "status", "label", "open", "tok_per_s",
                                                            "why", "finished_at"],
                      column_config={**run_columns(), "job_id": "job", "why": "error", "finished_at":
