@@ -9,6 +9,7 @@ import sys
 from db.store import open_db, run_tables
 
 from .categories import load_rule_chain
+from .errors import IngestError
 from .importer import ImportOptions, prepare_import
 from .limits import DEFAULT_LIMITS
 from .priority import DatabaseThread
@@ -162,6 +163,40 @@ def run_samples(args) -> int:
     return 0
 
 
+def _checkout(repo: str | None, repo_path: str | None) -> str | None:
+    """The git checkout here that holds a repo's commits: --repo-path, or this clone for the
+    stepwatch repo; None when there is none."""
+    return repo_path or (str(REPO_ROOT) if repo == "stepwatch" and (REPO_ROOT / ".git").exists() else None)
+
+
+def _resolve_commit(ref: str | None, repo: str | None, repo_path: str | None):
+    """`--commit` resolved as the form resolves a ref (HEAD~1, a tag, a short sha): its full sha
+    with its date, author, subject and order, when a checkout here holds it. None when there is
+    no checkout, or this clone lacks a stepwatch commit: the value is then kept as it was given,
+    which must be a label (a short sha kept alone is a commit with no order or date)."""
+    from kernels.bundle import LABEL_RULE, is_label
+
+    from .runs.git import resolve_ref
+    from .runs.hosts import LocalHost
+    from .runs.spec import check_ref
+
+    if ref is None:
+        return None
+    path = _checkout(repo, repo_path)
+    if path is not None:
+        try:
+            check_ref(ref, "--commit")
+            return resolve_ref(LocalHost(), path, ref)
+        except SpecError as e:
+            if repo_path:
+                raise RunError(f"--commit {ref!r}: no such commit in --repo-path {repo_path}"
+                               if "no such commit" in str(e) else str(e)) from None
+    if not is_label(ref):
+        raise IngestError(f"--commit {ref!r}: a ref needs a checkout to resolve it in (--repo-path); "
+                          f"a commit kept as given must be a label: {LABEL_RULE}")
+    return None
+
+
 def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
     """The commit's date, author, subject and order, when a checkout here holds it."""
     from .runs.git import describe_commit
@@ -169,7 +204,7 @@ def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
 
     if commit is None:
         return None
-    path = repo_path or (str(REPO_ROOT) if repo == "stepwatch" and (REPO_ROOT / ".git").exists() else None)
+    path = _checkout(repo, repo_path)
     if path is None:
         return None
     try:
@@ -221,11 +256,12 @@ def _store_import(db: str, record, facts) -> tuple[int, bool]:
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
     limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=args.max_trace_mb << 20, max_events=args.max_events)
-    opts = ImportOptions(repo=args.repo, commit=args.commit, variant=args.variant, layers=args.layers,
-                         tok_per_s=args.tok_per_s, steps=args.steps, limits=limits)
+    resolved = _resolve_commit(args.commit, args.repo, args.repo_path)
+    opts = ImportOptions(repo=args.repo, commit=resolved.sha if resolved else args.commit, variant=args.variant,
+                         layers=args.layers, tok_per_s=args.tok_per_s, steps=args.steps, limits=limits)
     with args.db_thread or DatabaseThread() as db_thread:
         record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
-        facts = _commit_facts(record.commit, record.repo, args.repo_path)
+        facts = resolved or _commit_facts(record.commit, record.repo, args.repo_path)
         run_id, created = db_thread(_store_import, args.db, record, facts)
         if created and record.commit:
             from .regress.track import follow_run
