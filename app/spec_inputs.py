@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ingest.runs.spec import Config
+from ingest.runs.spec import WORKLOAD_MAXIMA as MAX, Config
 
 from .job_form import FormInput
 
@@ -41,9 +41,11 @@ def ask_reference(config: Config) -> FormInput:
     cols = st.columns(4)
     workload = dict(
         preset=cols[0].selectbox("Preset", list(PRESETS), index=list(PRESETS).index("tiny"), key="preset"),
-        batch_size=int(cols[1].number_input("Batch size", min_value=1, value=1)),
-        context=int(cols[2].number_input("Context tokens (0: the preset's)", min_value=0, value=0)) or None,
-        profile_steps=int(cols[3].number_input("Profiled steps", min_value=1, value=3, key="profile_steps")))
+        batch_size=int(cols[1].number_input("Batch size", min_value=1, max_value=MAX["batch_size"], value=1)),
+        context=int(cols[2].number_input("Context tokens (0: the preset's)", min_value=0, max_value=MAX["context"],
+                                           value=0)) or None,
+        profile_steps=int(cols[3].number_input("Profiled steps", min_value=1, max_value=MAX["profile_steps"], value=3,
+                                                 key="profile_steps")))
     return FormInput("reference", repo=repo.strip(), variants=tuple(variants),
                      cuda_graph=tuple(MODES[m] for m in modes), workload=workload, **common, **commits)
 
@@ -64,11 +66,11 @@ def ask_sglang(config: Config) -> FormInput:
         load_format=cols[1].text_input("Load format", placeholder="e.g. dummy").strip(),
         kv_cache_dtype=cols[2].text_input("KV cache dtype", placeholder="e.g. fp8_e4m3").strip(),
         attention_backend=cols[3].text_input("Attention backend").strip(),
-        batch_size=int(cols[0].number_input("Batch size", min_value=1, value=1)),
-        input_len=int(cols[1].number_input("Input tokens", min_value=1, value=256)),
-        output_len=int(cols[2].number_input("Output tokens", min_value=1, value=32)),
-        tp=int(cols[3].number_input("Tensor parallel", min_value=1, value=1)),
-        profile_steps=int(cols[0].number_input("Profiled steps", min_value=1, value=3)),
+        batch_size=int(cols[0].number_input("Batch size", min_value=1, max_value=MAX["batch_size"], value=1)),
+        input_len=int(cols[1].number_input("Input tokens", min_value=1, max_value=MAX["input_len"], value=256)),
+        output_len=int(cols[2].number_input("Output tokens", min_value=1, max_value=MAX["output_len"], value=32)),
+        tp=int(cols[3].number_input("Tensor parallel", min_value=1, max_value=MAX["tp"], value=1)),
+        profile_steps=int(cols[0].number_input("Profiled steps", min_value=1, max_value=MAX["profile_steps"], value=3)),
         extra_args=st.text_input("Extra server flags", placeholder="--flag --flag=value").split())
     return FormInput("sglang", repo=repo or "", variants=tuple(variants), cuda_graph=tuple(MODES[m] for m in modes),
                      workload=workload, **common, **commits)

@@ -112,3 +112,15 @@ def test_cancel_a_queued_job(writable_db, open_page):  # noqa: F811
     assert at.info[0].value.startswith("Job 3: asked to stop")
     with open_db(writable_db, read_only=True) as store:
         assert store.get_job(3)["cancel_requested"]
+
+
+def test_the_forms_numbers_are_bounded_as_specs_are(writable_db, open_page):  # noqa: F811
+    """The browser keeps a number input within its bounds; they are WORKLOAD_MAXIMA, the limits
+    every spec is checked against, so the form cannot ask for 100,000,000 profiled steps."""
+    from ingest.runs.spec import WORKLOAD_MAXIMA
+
+    at = open_page(writable_db, "run_benchmark")
+    steps = at.number_input(key="profile_steps")
+    assert (steps.min, steps.max) == (1, WORKLOAD_MAXIMA["profile_steps"]) == (1, 1000)
+    at = _submit(at, profile_steps=1000)
+    assert not at.exception and at.success[0].value.startswith("Queued 1 job")

@@ -194,6 +194,11 @@ def test_backfill_queues_every_commit_and_the_worker_measures_each_commits_code(
 def test_spec_checks_name_the_field():
     with pytest.raises(SpecError, match=r"spec.workload.batch_size: must be a positive integer"):
         parse_spec({"engine": "reference", "workload": {"preset": "tiny", "batch_size": 0}})
+    with pytest.raises(SpecError, match=r"^spec.workload.profile_steps: must be at most 1,000 \(WORKLOAD_MAXIMA\), "
+                                        r"got 100,000,000$"):
+        parse_spec({"engine": "reference", "workload": {"preset": "tiny", "profile_steps": 100_000_000}})
+    assert parse_spec({"engine": "reference", "workload": {"preset": "tiny", "profile_steps": 1000}}
+                      ).workload.profile_steps == 1000
     with pytest.raises(SpecError, match=r"spec.workload.extra_args: '--x; reboot'"):
         parse_spec({"engine": "sglang", "repo": "s", "ref": "main", "workload": {"model_path": "m",
                     "extra_args": ["--x; reboot"]}}, Config(repos={"s": RepoConfig("s", "/x")}))

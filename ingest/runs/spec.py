@@ -140,12 +140,21 @@ def check_label(value: str, where: str) -> str:
     return value
 
 
+# The largest value each workload number may take, whichever door a spec came through (a spec
+# file, `ingest run` flags, the form, which also uses these as its inputs' maxima). Profiled
+# steps bound the trace: a glm5 step with stacks is ~5 MB of JSON.
+WORKLOAD_MAXIMA = {"batch_size": 4096, "input_len": 1 << 20, "output_len": 1 << 20, "tp": 64,
+                   "profile_steps": 1000, "context": 1 << 22}
+
+
 def _positive_int(body: dict, key: str, where: str, default: int | None) -> int | None:
     value = body.get(key, default)
     if value is None:
         return None
     _need(isinstance(value, int) and not isinstance(value, bool) and value > 0, f"{where}.{key}",
           f"must be a positive integer, got {value!r}")
+    _need(value <= WORKLOAD_MAXIMA[key], f"{where}.{key}",
+          f"must be at most {WORKLOAD_MAXIMA[key]:,} (WORKLOAD_MAXIMA), got {value:,}")
     return value
 
 
