@@ -9,7 +9,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `app` and `db
 
 import streamlit as st  # noqa: E402
 
-st.set_page_config(page_title="stepwatch", page_icon=":material/speed:", layout="wide")
+# a bundled favicon (a 64 px PNG drawn for stepwatch with Pillow): a Material icon here would be
+# fetched by every viewer's browser from fonts.gstatic.com
+st.set_page_config(page_title="stepwatch", page_icon=str(Path(__file__).resolve().parent / "static" / "favicon.png"),
+                   layout="wide")
 st.navigation([
     st.Page("screens/trends.py", title="Trends", icon=":material/show_chart:", url_path="trends", default=True),
     st.Page("screens/run.py", title="Run", icon=":material/bar_chart:", url_path="run"),

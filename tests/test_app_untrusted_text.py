@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -344,6 +345,9 @@ def test_no_page_fetches_an_address_from_the_data(trap, hostile_dashboard):
         current = []  # the page being loaded
         page.on("request", lambda r: asked[current[-1]].append(r.url.rpartition("/")[2])
                 if f"127.0.0.1:{port}/" in r.url else None)
+        elsewhere = []  # anything but the dashboard itself (a favicon or font from the internet, say)
+        page.on("request", lambda r: elsewhere.append(r.url) if urlsplit(r.url).scheme in ("http", "https")
+                and urlsplit(r.url).netloc != urlsplit(base).netloc else None)
         for name, (url, last) in BROWSER_PAGES.items():
             current.append(name)
             page.goto(base + url.format(**ids))
@@ -356,6 +360,8 @@ def test_no_page_fetches_an_address_from_the_data(trap, hostile_dashboard):
                            page.locator(f'a[href*="127.0.0.1:{port}"], img[src*="127.0.0.1:{port}"]').count())
         context.close()
     fetched = {name: sorted(set(files)) for name, files in asked.items() if files}
+    assert elsewhere == [], f"pages asked for addresses other than the dashboard's: {sorted(set(elsewhere))}"
+    assert not [name for name, (text, _) in shown.items() if "Deploy" in text], "Streamlit's Deploy button is shown"
     assert not fetched and not served, f"addresses in the data were fetched: {fetched} (server: {sorted(set(served))})"
     assert not {name: links for name, (_, links) in shown.items() if links}, "links or images to the data's addresses"
     for name, (text, _) in shown.items():  # the hostile text is on the page, as text
