@@ -34,7 +34,8 @@ def test_glm5_full_pool_cast_run(dashboard_db, open_page):  # noqa: F811
     assert step_chart["encoding"]["x"]["field"] == "step" and mean_chart["encoding"]["x"]["field"] == "ms_per_step"
 
     download = at.get("download_button")
-    assert [d.proto.label for d in download] == ["Download trace.json.gz"]
+    run_id = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
+    assert [d.proto.label for d in download] == [f"Download run{run_id}-3bee539-full-pool-cast-trace.json.gz"]
     assert any("ui.perfetto.dev" in c.value for c in at.caption)
     assert not at.expander  # not made by a job: no log
 
@@ -61,7 +62,8 @@ def test_cpu_only_trace_says_so(dashboard_db, open_page):  # noqa: F811
     assert _metrics(at) == {"Decode tok/s": "—", "Step ms": "0.270", "Copy-kernel share": "46.6 %",
                             "GPU busy share": "—"}
     assert at.dataframe[0].value.iloc[0]["name"] == "aten::copy_"
-    assert [d.proto.label for d in at.get("download_button")] == ["Download cpu_small.trace.json"]
+    run_id = find_run_id(dashboard_db, "cpu_small.trace.json")
+    assert [d.proto.label for d in at.get("download_button")] == [f"Download run{run_id}-cpu_small.trace.json"]
 
 
 def test_without_a_run_in_the_url_the_newest_run_is_shown(dashboard_db, open_page):  # noqa: F811
@@ -131,3 +133,15 @@ def test_a_rank_the_run_does_not_have_is_a_notice(dashboard_db, open_page):  # n
     assert not at.exception
     assert [w.value for w in at.warning] == ["`?rank=7`: this run has one rank, 0, shown below."]
     assert "rank" not in at.query_params
+
+
+def test_download_names_say_whose_trace_it_is():
+    from app.traces import DOWNLOAD_NAME_CHARS, download_name
+
+    assert download_name(12, "3bee539b905a", "full-pool-cast", "trace.json.gz") == \
+        "run12-3bee539-full-pool-cast-trace.json.gz"
+    assert download_name(3, None, None, "cpu_small.trace.json") == "run3-cpu_small.trace.json"
+    hostile = download_name(4, "abc", "x/../$(rm -rf ~)", "node-TP-0-DECODE.trace.json.gz")
+    assert not {"/", "$", " ", "~"} & set(hostile) and hostile.endswith("-node-TP-0-DECODE.trace.json.gz")
+    long = download_name(5, "a" * 40, "v" * 300, "t.json")
+    assert len(long) == DOWNLOAD_NAME_CHARS and long.startswith("run5-aaaaaaa-vvv") and long.endswith("-t.json")

@@ -149,10 +149,11 @@ def test_every_page_a_cpu_run_from_the_form_and_its_comparison(dashboard, page):
     box = point.first.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # clicking a point opens its run
     page.wait_for_url(re.compile(r"/run\?run=\d+"))
-    page.get_by_text("Download trace.json.gz").wait_for()  # the page's last element
+    download = re.compile(r"Download run\d+-3bee539-full-pool-cast-trace\.json\.gz")
+    page.get_by_text(download).wait_for()  # the page's last element
     text = _text(page)
     assert "90.6 %" in text and "98.9 %" in text and "3bee539" in text  # busy share of the GPU step time
-    assert "Download trace.json.gz" in text and "ui.perfetto.dev" in text
+    assert "ui.perfetto.dev" in text
     _shot(page, "2-run-glm5-full-pool-cast", charts=2)
 
     page.goto(base + "/compare")
@@ -184,7 +185,7 @@ def test_every_page_a_cpu_run_from_the_form_and_its_comparison(dashboard, page):
     assert "tiny · batch 1" in text and "eager" in text and "variant fused" in text
     # a job's bundle is offered for download while it is on disk; the worker works in a temporary
     # directory, so today its bundle is gone once imported and the page says so in a sentence
-    assert "Download trace.json.gz" in text or "is no longer on this machine" in text
+    assert re.search(r"Download run\d+-\w+-fused-trace\.json\.gz", text) or "is no longer on this machine" in text
     _shot(page, "6-run-new-cpu-run", charts=2)
 
     page.goto(f"{base}/compare?by=runs&a={cast_run}&b={fused_run}")

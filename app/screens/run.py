@@ -7,7 +7,7 @@ from app.kpis import show_rank_balance, show_run_kpis
 from app.labels import describe_run, describe_workload
 from app.markdown_text import format_markdown, format_markdown_list
 from app.tables import filter_rows, kernel_columns
-from app.traces import list_trace_files, read_bytes_later
+from app.traces import download_name, list_trace_files, read_bytes_later
 from app.widgets import read_int_param, select_in_url
 from db import views
 
@@ -86,7 +86,8 @@ traces = list_trace_files(run["source_path"], run["trace_files"])
 if not traces:
     st.caption(format_markdown("The trace ({}) is no longer on this machine.", run["source_path"]))
 for path in traces:
-    st.download_button(format_markdown("Download {}", path.name), read_bytes_later(path), file_name=path.name,
+    name = download_name(run_id, run["sha"], run["variant"], path.name)
+    st.download_button(format_markdown("Download {}", name), read_bytes_later(path), file_name=name,
                        mime="application/octet-stream", icon=":material/download:", key=f"trace_{path}")
 if traces:
     st.caption("Open the downloaded file at ui.perfetto.dev (Open trace file) to see each step's kernels "
