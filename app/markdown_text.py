@@ -126,3 +126,23 @@ def format_markdown(template: str, /, *args: Any, **kwargs: Any) -> Markdown:
 def format_markdown_list(sentences) -> Markdown:
     """Diagnosis sentences (code locations in backticks) as a Markdown bulleted list."""
     return Markdown("\n".join(f"- {escape_markdown_keeping_code(s)}" for s in sentences))
+
+
+def format_findings(findings) -> Markdown:
+    """A run's diagnosis (the {kind, text, kernel} findings stored at import) as a Markdown list:
+    each kernel's summary with its other findings nested under it (they say "It runs ...",
+    meaning that kernel), and a finding worded the same for every kernel said once, after
+    them, for all of them, instead of once per kernel."""
+    groups: list[list[str]] = []
+    for finding in findings:
+        if finding.get("kind") == "summary" or not groups:
+            groups.append([finding["text"]])
+        else:
+            groups[-1].append(finding["text"])
+    shared = [t for t in groups[0][1:] if len(groups) > 1 and all(t in g[1:] for g in groups)]
+    lines = []
+    for summary, *details in groups:
+        lines.append(f"- {escape_markdown_keeping_code(summary)}")
+        lines += [f"  - {escape_markdown_keeping_code(t)}" for t in details if t not in shared]
+    lines += [f"- {escape_markdown_keeping_code(t)} (The same for all {len(groups)} kernels above.)" for t in shared]
+    return Markdown("\n".join(lines))

@@ -84,11 +84,23 @@ def test_the_diagnosis_of_the_eager_full_pool_cast_run(dashboard_db, open_page):
     lines = at.markdown[0].value.splitlines()
     assert lines[0].startswith("- The cast kernel `unrolled_elementwise_kernel<direct_copy_kernel_cuda>` "
                                "(aten\\:\\:\u2060copy\\_) takes 67.7 ms per step, 90 % of the 75.1 ms step")  # aten::copy_
-    assert lines[1] == "- It runs 78 times per step: once per layer (78 layers)."
-    assert lines[2] == "- It moves 855 MB per call at 985 GB/s: 21 % of the NVIDIA H200's 4,800 GB/s peak."
-    assert lines[3].startswith("- 855 MB per call is the whole 495,000 x 576 FP8 KV pool of a layer")
-    assert lines[5].startswith("- If this kernel went away and nothing else changed, a step would take 7.36 ms "
+    assert lines[1] == "  - It runs 78 times per step: once per layer (78 layers)."  # nested under its kernel
+    assert lines[2] == "  - It moves 855 MB per call at 985 GB/s: 21 % of the NVIDIA H200's 4,800 GB/s peak."
+    assert lines[3].startswith("  - 855 MB per call is the whole 495,000 x 576 FP8 KV pool of a layer")
+    assert lines[5].startswith("  - If this kernel went away and nothing else changed, a step would take 7.36 ms "
                                "instead of 75.1 ms: 136 tok/s instead of 13.3 (10.2x)")
+
+
+def test_a_finding_worded_the_same_for_every_kernel_is_said_once(dashboard_db, open_page):  # noqa: F811
+    # the CUDA-graph fused run: three gemm kernels, none with op shapes (a graph replay)
+    at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "3bee539-glm5-fused-graph")))
+    assert not at.exception
+    lines = at.markdown[0].value.splitlines()
+    assert [line[:22] for line in lines if not line.startswith("  ")] == ["- The gemm kernel `nvj"] * 3 + [
+        "- Its bytes per call a"]
+    assert lines[-1].endswith("(The same for all 3 kernels above.)")
+    assert sum("bytes per call are unknown" in line for line in lines) == 1
+    assert sum(line.startswith("  - It runs ") for line in lines) == 3  # each kernel's own count stays with it
 
 
 def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, open_page):  # noqa: F811

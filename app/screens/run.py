@@ -5,7 +5,7 @@ import streamlit as st
 from app import charts, data
 from app.kpis import show_rank_balance, show_run_kpis
 from app.labels import describe_run, describe_workload
-from app.markdown_text import format_markdown, format_markdown_list
+from app.markdown_text import format_findings, format_markdown
 from app.tables import filter_rows, kernel_columns
 from app.traces import download_name, list_trace_files, read_bytes_later
 from app.widgets import read_int_param, select_in_url
@@ -44,7 +44,7 @@ elif run["kernel_rows"] == 0:
 
 if run["diagnosis"]:
     st.subheader("Diagnosis")
-    st.markdown(format_markdown_list(finding["text"] for finding in run["diagnosis"]))
+    st.markdown(format_findings(run["diagnosis"]))
     st.caption("Worked out at import from the kernels that take most of the step (on the first rank).")
 
 for note in run["notes"]:
