@@ -115,8 +115,8 @@ def run_process(popen_argv: list[str], *, shown_argv: list[str], cwd: str | None
     if outcome == "cancelled":
         raise CommandCancelled(f"cancelled: {what}", result)
     if check and proc.returncode != 0:
-        tail = result.output.strip().splitlines()[-1:] or [""]
-        raise CommandFailed(f"exit code {proc.returncode}: {what}: {tail[0]}", result)
+        tail = result.output.strip().splitlines()[-1:] or ["(no output)"]
+        raise CommandFailed(f"{tail[0]} (exit code {proc.returncode} of {what})", result)  # the cause first
     return result
 
 

@@ -340,8 +340,8 @@ class _RemoteRun:
         if self.target is None and result.returncode != 0:
             raise HostError(f"{host.describe()}: cannot start {what}: {_last_line(result.output)}")
         if check and result.returncode != 0:
-            raise CommandFailed(f"{host.name}: exit code {result.returncode}: {what}: "
-                                f"{_last_line(result.output)}", result)
+            raise CommandFailed(f"{host.name}: {_last_line(result.output)} "
+                                f"(exit code {result.returncode} of {what})", result)  # the cause first
         return result
 
     def clean(self, output: str) -> str:
