@@ -71,3 +71,20 @@ def test_newest_first_commit_first(writable_db, open_page):  # noqa: F811
     heads = [v for v in _cards(at) if v.startswith("**")]
     assert [h.split("**")[1] for h in heads] == ["tok/s", "step ms", "tok/s"]
     assert at.markdown[-2].value.startswith(f"First bad commit `{GOOD}` decode: read the KV pool")
+
+
+def test_no_change_in_the_samples_says_what_was_checked(tmp_path, open_page):  # noqa: F811
+    import subprocess
+    import sys
+
+    db = tmp_path / "samples.duckdb"
+    made = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0 and "0 confirmed changes" in made.stderr, made.stderr
+    at = open_page(db, "regressions")
+    assert not at.exception
+    assert at.info[0].value == ("No confirmed change: 1 workload measured at two or more commits (up to 4), 3 "
+                                "variants: each variant's series was checked after each run, and none moved beyond "
+                                "its noise (a rank test at p < 0.01 on the per-step samples and a change of at least "
+                                "3%).")
+

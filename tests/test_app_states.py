@@ -14,8 +14,8 @@ EMPTY_SENTENCES = {
     "trends": "No runs yet. Start one on the Run a benchmark page, or import a trace with",
     "run": "No runs yet. Start one on the Run a benchmark page, or import a trace with",
     "compare": "Comparing needs two runs; this database has fewer.",
-    "regressions": "No confirmed change yet; changes are detected when runs at two or more commits of one series "
-                   "exist.",
+    "regressions": "No confirmed change yet: changes are looked for once a series has runs at two or more commits, "
+                   "and none has yet.",
 }
 
 

@@ -12,13 +12,23 @@ from app.labels import describe_series
 from app.markdown_text import Markdown, format_markdown, format_markdown_list
 from app.widgets import select_in_url
 from db import views
+from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
 
 st.title("Regressions")
 st.caption("Changes along a series' commits that a rank test on the per-step samples confirmed, with a minimum "
            "effect size, so that machine noise does not count.")
-changes = data.load(views.list_changes)
+changes, series = data.load_all((views.list_changes,), (views.list_series,))
 if changes.empty:
-    st.info("No confirmed change yet; changes are detected when runs at two or more commits of one series exist.")
+    checked = series[series["commits"] >= 2]
+    if checked.empty:
+        st.info("No confirmed change yet: changes are looked for once a series has runs at two or more commits, "
+                "and none has yet.")
+    else:
+        workloads, variants = len(checked), sum(len(v) for v in checked["variants"])
+        st.info(f"No confirmed change: {workloads} workload{'s' if workloads > 1 else ''} measured at two or more "
+                f"commits (up to {int(checked['commits'].max())}), {variants} variant{'s' if variants > 1 else ''}: "
+                f"each variant's series was checked after each run, and none moved beyond its noise (a rank test "
+                f"at p < {ALPHA:g} on the per-step samples and a change of at least {MIN_REL_CHANGE:.0%}).")
     st.stop()
 
 series_names = {r.series_id: f"{describe_series(r.repo, r.engine, r.device, r.workload_key)} · {r.variant or '—'}"

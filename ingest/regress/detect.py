@@ -247,8 +247,12 @@ def _confirm(cuts: list[int], medians: np.ndarray, sets: list[np.ndarray], noise
         cuts.remove(weakest.cut)
 
 
-def detect_changes(points: Sequence[Point], *, higher_is_better: bool, alpha: float = 0.01,
-                   min_rel_change: float = 0.03, noise_multiple: float = 3.5,
+ALPHA = 0.01  # a change is confirmed when the rank test's p is below this ...
+MIN_REL_CHANGE = 0.03  # ... and the medians differ by at least this much (relative)
+
+
+def detect_changes(points: Sequence[Point], *, higher_is_better: bool, alpha: float = ALPHA,
+                   min_rel_change: float = MIN_REL_CHANGE, noise_multiple: float = 3.5,
                    penalty_factor: float = 3.0) -> list[Change]:
     """Confirmed changes in a series of points along commit order, oldest first.
 
