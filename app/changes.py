@@ -85,3 +85,31 @@ def describe_change(row) -> str:
     """'tok/s -89.9 % (135.44 tok/s -> 13.62 tok/s)': a change in one line (a list_changes row)."""
     before, after = (format_metric_value(row.metric, v) for v in (row.before_value, row.after_value))
     return f"{describe_metric(row.metric)} {format_rel_change(row.rel_change)} ({before} -> {after})"
+
+
+def describe_verdict(v, source_a: str | None, source_b: str | None):
+    """The pair's step-time verdict as one Markdown sentence: the change with its interval,
+    the sample counts and the rank test's p, and what the verdict means."""
+    from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
+    from ingest.regress.uncertainty import CHANGED, NOT_ENOUGH, fewest_steps
+
+    from .markdown_text import format_markdown
+
+    def pct(x: float) -> str:
+        return f"{x * 100:+.1f} %"
+
+    kinds = source_a if source_a == source_b else f"{source_a or 'no'} and {source_b or 'no'}"
+    steps = f"{v.n_a} and {v.n_b} {kinds} steps"
+    if v.verdict == NOT_ENOUGH:
+        return format_markdown("**Not enough data**: {} cannot show a change at p < {:g} (a rank test needs at "
+                               "least {} steps a run), so the differences below are single measurements.",
+                               steps, ALPHA, fewest_steps())
+    head = "Changed" if v.verdict == CHANGED else "Within noise"
+    tail = ("" if v.verdict == CHANGED else
+            f", short of a change (p < {ALPHA:g} and at least {MIN_REL_CHANGE * 100:.0f} %, the rule Regressions "
+            "confirms changes by)")
+    mixed = (" A's and B's steps were timed differently (with and without the profiler), so part of the difference "
+             "may be the profiler's." if source_a != source_b else "")
+    return format_markdown("**{}**: step time {} (95 % interval {} to {}; {}; rank test p = {:.2g}){}; tok/s {}.{}",
+                           head, pct(v.rel), pct(v.ci_low), pct(v.ci_high), steps, v.p, tail,
+                           pct(1 / (1 + v.rel) - 1), mixed)

@@ -13,18 +13,22 @@ def _points(a: float | None, b: float | None) -> str | None:
     return None if a is None or b is None else f"{(b - a) * 100:+.1f} pp"
 
 
-def show_run_kpis(run: dict, baseline: dict | None = None) -> None:
+def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None = None) -> None:
     """tok/s, step ms, copy-kernel share and GPU busy share; with a baseline, each tile shows the
-    change from it (green when better: more tok/s, less step time, less copying)."""
+    change from it (green when better: more tok/s, less step time, less copying). With the
+    step-time verdict of the pair (ingest.regress.uncertainty), the tok/s and step tiles say
+    when their change is within noise or unsupported, and are then not coloured."""
     base = baseline or {}
     delta = baseline is not None
+    flag = {"within noise": " · within noise", "not enough data": " · not enough data"}.get(verdict or "", "")
     tiles = st.columns(4)
     tiles[0].metric("Decode tok/s", format_number(run["tok_per_s"]), border=True,
-                    delta=format_change(base.get("tok_per_s"), run["tok_per_s"]) if delta else None)
+                    delta_color="off" if flag else "normal",
+                    delta=format_change(base.get("tok_per_s"), run["tok_per_s"]) + flag if delta else None)
     spread = (f"p10–p90 {run['timing_ms_p10']:.3f}–{run['timing_ms_p90']:.3f} ms without the profiler; "
               if run["timing_ms_p10"] is not None else "")
-    tiles[1].metric("Step ms", format_number(run["step_ms"], 3), border=True, delta_color="inverse",
-                    delta=format_change(base.get("step_ms"), run["step_ms"]) if delta else None,
+    tiles[1].metric("Step ms", format_number(run["step_ms"], 3), border=True, delta_color="off" if flag else "inverse",
+                    delta=format_change(base.get("step_ms"), run["step_ms"]) + flag if delta else None,
                     help=f"{spread}median profiled step {run['step_ms_median']:.3f} ms")
     tiles[2].metric("Copy-kernel share", format_percent(run["copy_share"]), border=True, delta_color="inverse",
                     delta=_points(base.get("copy_share"), run["copy_share"]) if delta else None,

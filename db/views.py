@@ -312,6 +312,22 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
     ).df()
 
 
+def get_step_samples(store: Store, run_id: int | None) -> dict[str, Any]:
+    """A run's step times in ms, what its Step ms tile is the median of: {"ms": [...], "source":
+    "timed" (the steps a bundle timed without the profiler) or "profiled" (the profiled steps'
+    wall times, first rank)}; empty for no run."""
+    if run_id is None:
+        return {"ms": [], "source": None}
+    row = store.con.execute("SELECT manifest->>'$.timing.step_ms' FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    timed = json.loads(row[0]) if row and row[0] else None
+    if isinstance(timed, list) and timed and all(isinstance(v, (int, float)) for v in timed):
+        return {"ms": [float(v) for v in timed], "source": "timed"}
+    walls = store.con.execute(
+        "SELECT wall_us / 1000.0 FROM steps WHERE run_id = ? AND rank = (SELECT min(rank) FROM steps WHERE run_id = ?)"
+        " ORDER BY step", [run_id, run_id]).fetchall()
+    return {"ms": [w for (w,) in walls], "source": "profiled"}
+
+
 def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[str, Any] | None:
     """Everything the Compare page shows of two runs, in one go (with either missing, those of
     find_default_comparison): both overviews (None for a missing run), every variant at both
@@ -330,6 +346,7 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
             "series": list_series(store), "diff": get_category_diff(store, run_a, run_b),
             "kernels": get_kernel_diff(store, run_a, run_b),
             "kernels_a": get_kernel_table(store, run_a), "kernels_b": get_kernel_table(store, run_b),
+            "samples_a": get_step_samples(store, run_a), "samples_b": get_step_samples(store, run_b),
             "changes": list_changes_at_commit_of_run(store, run_b)}
 
 

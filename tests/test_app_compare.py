@@ -25,7 +25,12 @@ def test_two_commits_show_every_variant_at_both(dashboard_db, open_page):  # noq
 
     tiles = [(m.label, m.value, m.delta) for m in at.metric]
     assert tiles[0] == ("Decode tok/s", "129.94", "")  # A
-    assert tiles[4] == ("Decode tok/s", "129.54", "-0.3 %")  # B against A
+    assert tiles[4] == ("Decode tok/s", "129.54", "-0.3 % · within noise")  # B against A, not coloured
+    assert tiles[5] == ("Step ms", "7.720", "+0.3 % · within noise")
+    verdict = [m.value for m in at.markdown if m.value.startswith("**Within noise**")]
+    assert verdict == ["**Within noise**: step time +0.3 % (95 % interval +0.1 % to +0.5 %; 20 and 20 timed steps; "
+                       "rank test p = 0.015), short of a change (p \\< 0.01 and at least 3 %, the rule Regressions "
+                       "confirms changes by); tok/s -0.3 %."]
     assert tiles[6] == ("Copy-kernel share", "6.0 %", "-0.0 pp")
 
 
@@ -38,7 +43,10 @@ def test_two_runs_full_pool_cast_against_fused(dashboard_db, open_page):  # noqa
     assert not at.warning  # the same workload: no warning
     tiles = {(i // 4, m.label): (m.value, m.delta) for i, m in enumerate(at.metric)}
     assert tiles[(0, "Decode tok/s")] == ("13.49", "")
-    assert tiles[(1, "Decode tok/s")] == ("129.54", "+860.0 %")
+    assert tiles[(1, "Decode tok/s")] == ("129.54", "+860.0 %")  # changed: no noise flag
+    verdict = [m.value for m in at.markdown if m.value.startswith("**Changed**")]
+    assert len(verdict) == 1 and verdict[0].startswith("**Changed**: step time -89.6 % (95 % interval -89.")
+    assert "20 and 20 timed steps; rank test p = 6.8e-08)" in verdict[0]
     assert tiles[(1, "Copy-kernel share")] == ("6.0 %", "-84.5 pp")
 
     waterfall = json.loads(at.get("vega_lite_chart")[0].proto.spec)
@@ -88,7 +96,7 @@ def test_a_patched_pair_at_one_commit_is_diagnosed_as_a_patch(dashboard_db, open
     a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
     b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
     at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
-    lines = at.markdown[2].value.splitlines()
+    lines = at.markdown[3].value.splitlines()
     assert lines[0] == ("- At commit 3bee539 the patch (fused against full-pool-cast) takes a step from 74.1 ms to "
                         "7.72 ms (13.5 -> 130 tok/s): 9.60x as fast, so it still helps (at least 3 % needed).")
     assert lines[1] == ("- It removes the cast kernel `unrolled_elementwise_kernel<direct_copy_kernel_cuda>`: 78 calls "
@@ -101,12 +109,12 @@ def test_two_commits_show_the_change_diagnosis_and_the_changes_confirmed_there(d
     b = find_run_id(dashboard_db, "fe3ea75-glm5-full-pool-cast-graph")
     at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
     assert not at.exception
-    lines = at.markdown[2].value.splitlines()
+    lines = at.markdown[3].value.splitlines()
     assert lines[0] == "- tok/s fell 90 % at commit 9f8e7d6 (135 tok/s -> 13.6 tok/s; step time 7.38 ms -> 73.4 ms)."
     assert "went from 0 to 78 calls per step there (once per layer)" in lines[1]
-    assert at.markdown[3].value == ("Confirmed at 9f8e7d6 in kv-regression-demo (main): **tok/s -89.9 % "
+    assert at.markdown[4].value == ("Confirmed at 9f8e7d6 in kv-regression-demo (main): **tok/s -89.9 % "
                                     "(135.44 tok/s -> 13.62 tok/s)**, p = 6.8e-08 · [all changes](regressions)")
-    assert at.markdown[4].value.startswith("Confirmed at 9f8e7d6 in kv-regression-demo (main): **step ms +894.4 %")
+    assert at.markdown[5].value.startswith("Confirmed at 9f8e7d6 in kv-regression-demo (main): **step ms +894.4 %")
 
 
 def test_one_run_in_the_url_or_the_same_run_twice_is_a_notice(dashboard_db, open_page):  # noqa: F811

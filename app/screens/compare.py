@@ -5,7 +5,7 @@ the two runs (?a=&b=), so a comparison can be shared; the pickers only rewrite t
 import streamlit as st
 
 from app import charts, data
-from app.changes import describe_change
+from app.changes import describe_change, describe_verdict
 from app.diagnosis import diagnose_pair, is_patch_pair
 from app.kpis import show_run_kpis
 from app.labels import describe_run, describe_series, format_change, label_commit
@@ -14,6 +14,7 @@ from app.tables import filter_rows, kernel_diff_columns, link_runs, variant_matr
 from app.widgets import read_int_param
 from db import views
 from ingest.regress import RegressError
+from ingest.regress.uncertainty import compare_samples
 
 st.title("Compare")
 asked_a, asked_b = read_int_param("a"), read_int_param("b")
@@ -97,10 +98,13 @@ if not matrix.empty and a["sha"] != b["sha"] and a["workload_id"] == b["workload
 if a["workload_id"] != b["workload_id"] or a["device"] != b["device"]:
     st.warning("Runs A and B measured different workloads or GPUs, so their differences are not only the code's.")
 
+samples_a, samples_b = comparison["samples_a"], comparison["samples_b"]
+verdict = compare_samples(samples_a["ms"], samples_b["ms"])
 for name, run, base in (("A", a, None), ("B", b, a)):
     title = describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"], run["workload_key"])
     st.markdown(format_markdown("**{}** · [{}](run?run={})", name, title, run["run_id"]))
-    show_run_kpis(run, base)
+    show_run_kpis(run, base, verdict.verdict if base else None)
+st.markdown(describe_verdict(verdict, samples_a["source"], samples_b["source"]))
 
 st.subheader("Diagnosis")
 try:
