@@ -31,6 +31,8 @@ def test_two_commits_show_every_variant_at_both(dashboard_db, open_page):  # noq
     assert verdict == ["**Within noise**: step time +0.3 % (95 % interval +0.1 % to +0.5 %; 20 and 20 timed steps; "
                        "rank test p = 0.015), short of a change (p \\< 0.01 and at least 3 %, the rule Regressions "
                        "confirms changes by); tok/s -0.3 %."]
+    assert ("The step-time change is within noise: what follows explains the differences there are, not a change."
+            in [c.value for c in at.caption])
     assert tiles[6] == ("Copy-kernel share", "6.0 %", "-0.0 pp")
 
 

@@ -14,7 +14,7 @@ from app.tables import filter_rows, kernel_diff_columns, link_runs, variant_matr
 from app.widgets import read_int_param
 from db import views
 from ingest.regress import RegressError
-from ingest.regress.uncertainty import compare_samples
+from ingest.regress.uncertainty import CHANGED, compare_samples
 
 st.title("Compare")
 asked_a, asked_b = read_int_param("a"), read_int_param("b")
@@ -107,6 +107,9 @@ for name, run, base in (("A", a, None), ("B", b, a)):
 st.markdown(describe_verdict(verdict, samples_a["source"], samples_b["source"]))
 
 st.subheader("Diagnosis")
+if verdict.verdict != CHANGED:  # the diagnosis explains whatever moved; say that it does not count as a change
+    st.caption(f"The step-time change is {verdict.verdict}: what follows explains the differences there are, "
+               "not a change.")
 try:
     st.markdown(format_markdown_list(diagnose_pair(a, b, comparison["kernels_a"], comparison["kernels_b"])))
 except RegressError as e:
