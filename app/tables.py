@@ -54,9 +54,17 @@ def kernel_columns() -> dict:
     }
 
 
+# the kernel diff's columns, in order: what changed and by how much first, the full name last
+KERNEL_DIFF_ORDER = ["change", "delta_ms_per_step", "delta_pct", "short_name", "a_ms_per_step", "b_ms_per_step",
+                     "a_calls_per_step", "b_calls_per_step", "category", "launcher", "a_share", "b_share", "name"]
+
+
 def kernel_diff_columns() -> dict:
     return {
-        "change": "change", "name": st.column_config.TextColumn("kernel", width="large"),
+        "change": "change", "name": st.column_config.TextColumn("full name", width="medium"),
+        "short_name": st.column_config.TextColumn("kernel", width="medium", help="the name without its namespaces "
+                                                  "and template arguments; the full name is the last column"),
+        "delta_pct": st.column_config.NumberColumn("Δ %", format="%+.1f %%", help="B against A, of A's ms per step"),
         "launcher": "launcher op", "category": "category",
         "a_calls_per_step": st.column_config.NumberColumn("A calls/step", format="%.1f"),
         "b_calls_per_step": st.column_config.NumberColumn("B calls/step", format="%.1f"),

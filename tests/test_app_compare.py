@@ -60,6 +60,9 @@ def test_two_runs_full_pool_cast_against_fused(dashboard_db, open_page):  # noqa
     assert kernels.iloc[0]["name"].startswith("void at::native::unrolled_elementwise_kernel")
     assert (kernels.iloc[0].a_calls_per_step, round(kernels.iloc[0].delta_ms_per_step, 3)) == (78.0, -67.518)
     assert (kernels.iloc[1]["name"], kernels.iloc[1].b_calls_per_step) == ("_gather_cast_kernel", 78.0)
+    short, pct = kernels.iloc[0].short_name, kernels.iloc[0].delta_pct
+    assert (short, pct) == ("unrolled_elementwise_kernel<direct_copy_kernel_cuda>", -100.0)
+    assert list(at.dataframe[0].proto.column_order)[:4] == ["change", "delta_ms_per_step", "delta_pct", "short_name"]
 
     at.multiselect[0].set_value(["added"]).run()
     assert at.dataframe[0].value["name"].tolist() == ["_gather_cast_kernel"]

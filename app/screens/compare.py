@@ -10,10 +10,11 @@ from app.diagnosis import diagnose_pair, is_patch_pair
 from app.kpis import show_run_kpis
 from app.labels import describe_run, describe_series, format_change, label_commit
 from app.markdown_text import format_markdown, format_markdown_list
-from app.tables import filter_rows, kernel_diff_columns, link_runs, variant_matrix_columns
+from app.tables import KERNEL_DIFF_ORDER, filter_rows, kernel_diff_columns, link_runs, variant_matrix_columns
 from app.widgets import read_int_param
 from db import views
 from ingest.regress import RegressError
+from ingest.regress.diagnose import shorten_kernel_name
 from ingest.regress.uncertainty import CHANGED, compare_samples
 
 st.title("Compare")
@@ -132,4 +133,7 @@ needle = st.text_input("Filter kernels", placeholder="name, category or launcher
 shown = filter_rows(kernels[kernels["change"].isin(kinds)], needle, ["name", "category", "launcher"])
 st.caption(f"{len(shown)} of {len(kernels)} kernels (matched by name and launcher op), the largest change in "
            "ms per step first.")
-st.dataframe(shown, hide_index=True, column_config=kernel_diff_columns())
+shown = shown.assign(short_name=[shorten_kernel_name(n) for n in shown["name"]],
+                     delta_pct=[100 * d / a if a else None for d, a in zip(shown["delta_ms_per_step"],
+                                                                           shown["a_ms_per_step"])])
+st.dataframe(shown, hide_index=True, column_order=KERNEL_DIFF_ORDER, column_config=kernel_diff_columns())
