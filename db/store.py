@@ -221,7 +221,8 @@ class Store:
         return self.con.execute("INSERT INTO repos (name) VALUES (?) RETURNING repo_id", [name]).fetchone()[0]
 
     def _ensure_commit(self, repo_id: int, sha: str) -> int:
-        found = self.con.execute("SELECT commit_id FROM commits WHERE repo_id = ? AND sha = ?", [repo_id, sha]).fetchone()
+        found = self.con.execute("SELECT commit_id FROM commits WHERE repo_id = ? AND sha = ?",
+                                 [repo_id, sha]).fetchone()
         if found:
             return found[0]
         return self.con.execute(
@@ -379,7 +380,8 @@ class Store:
         frame = self.con.execute(
             f"SELECT run_id, {self._KERNEL_COLUMNS} FROM kernel_stats WHERE list_contains(?, run_id) AND rank = ?"
             " ORDER BY run_id, total_us DESC, name", [ids, rank]).df()
-        groups = {int(k): g.drop(columns="run_id").reset_index(drop=True) for k, g in frame.groupby("run_id", sort=False)}
+        groups = {int(k): g.drop(columns="run_id").reset_index(drop=True)
+                  for k, g in frame.groupby("run_id", sort=False)}
         empty = frame.drop(columns="run_id").iloc[0:0]
         return {rid: groups.get(rid, empty.copy()) for rid in ids}
 

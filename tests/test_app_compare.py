@@ -130,6 +130,7 @@ def test_one_run_in_the_url_or_the_same_run_twice_is_a_notice(dashboard_db, open
                                           "the default comparison")
     same = open_page(dashboard_db, "compare", a=a, b=a)
     assert not same.exception
-    assert same.warning[0].value == f"A and B are the same run ({a}): every difference below is zero. Pick another run for B."
+    assert same.warning[0].value == (f"A and B are the same run ({a}): every difference below is zero. "
+                                     "Pick another run for B.")
     bad = open_page(dashboard_db, "compare", a="x", b=a)
     assert bad.warning[0].value == "`?a=x` is not a run id (a positive whole number): ignored."

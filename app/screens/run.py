@@ -57,8 +57,8 @@ if len(ranks) > 1:
     if rank != detail["rank"]:
         detail = data.load(views.get_run_detail, run_id, rank)
 elif st.query_params.get("rank") not in (None, str(detail["rank"])):
-    st.warning(format_markdown("{:code}: this run has one rank, {}, shown below.", f"?rank={st.query_params['rank'][:60]}",
-                               detail["rank"]))
+    asked_rank = f"?rank={st.query_params['rank'][:60]}"
+    st.warning(format_markdown("{:code}: this run has one rank, {}, shown below.", asked_rank, detail["rank"]))
     st.query_params.pop("rank")
 breakdown, means, kernels, job = detail["breakdown"], detail["means"], detail["kernels"], detail["job"]
 
