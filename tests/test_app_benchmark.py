@@ -124,3 +124,15 @@ def test_the_forms_numbers_are_bounded_as_specs_are(writable_db, open_page):  # 
     assert (steps.min, steps.max) == (1, WORKLOAD_MAXIMA["profile_steps"]) == (1, 1000)
     at = _submit(at, profile_steps=1000)
     assert not at.exception and at.success[0].value.startswith("Queued 1 job")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU: nothing to refuse")
+def test_a_cuda_run_on_a_host_without_cuda_is_refused(writable_db, open_page):  # noqa: F811
+    before = len(_jobs(writable_db))
+    at = open_page(writable_db, "run_benchmark")
+    at.radio(key="device").set_value("cuda")
+    at = _submit(at)
+    assert not at.exception
+    assert at.error[0].value == ("Not queued: device cuda: host local has no CUDA device (torch.cuda.is_available() "
+                                 "is False there): use device cpu, or a host with a GPU")
+    assert len(_jobs(writable_db)) == before

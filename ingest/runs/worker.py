@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -134,11 +135,37 @@ def _resolve_commit(spec: RunSpec, config: Config, host: Host) -> tuple[str, str
 
 
 def check_runnable(spec: RunSpec, config: Config) -> CommitInfo | None:
-    """What can be known before a spec is queued: its host answers and its ref names a commit.
-    Raises SpecError or HostError; returns the commit it will measure (None if it has none)."""
+    """What can be known before a spec is queued: its host answers, its ref names a commit, and
+    a reference run on device cuda has a GPU there. Raises SpecError or HostError; returns the
+    commit it will measure (None if it has none)."""
     host = make_host_for(config, spec.host)
     host.check()
-    return _resolve_commit(spec, config, host)[2]
+    commit = _resolve_commit(spec, config, host)[2]
+    _check_cuda(spec, config, host)
+    return commit
+
+
+CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
+CUDA_PROBE_TIMEOUT_S = 120.0
+
+
+def _check_cuda(spec: RunSpec, config: Config, host: Host) -> None:
+    """A reference run on device cuda where the host's torch sees no GPU would fail at run time;
+    it is refused now, with the reason. (The sglang engine checks its GPU itself.)"""
+    if spec.engine != "reference" or spec.device != "cuda":
+        return
+    python = sys.executable if isinstance(host, LocalHost) else config.host(spec.host).python
+    try:
+        result = host.run([python, "-c", CUDA_PROBE], check=False, timeout_s=CUDA_PROBE_TIMEOUT_S)
+    except CommandTimeout:
+        raise SpecError(f"device cuda: host {spec.host} did not answer whether it has CUDA within "
+                        f"{CUDA_PROBE_TIMEOUT_S:.0f} s") from None
+    if result.returncode == 3:
+        raise SpecError(f"device cuda: host {spec.host} has no CUDA device (torch.cuda.is_available() is False "
+                        "there): use device cpu, or a host with a GPU")
+    if result.returncode != 0:
+        last = (result.output.strip().splitlines() or ["no output"])[-1]
+        raise SpecError(f"device cuda: cannot tell whether host {spec.host} has CUDA ({python}: {last})")
 
 
 def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) -> tuple[Path, str, CommitInfo | None]:
