@@ -48,13 +48,14 @@ def change_markers(runs: pd.DataFrame, changes: pd.DataFrame) -> pd.DataFrame:
 
 
 def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_width: int = 860,
-                panel_height: int = 170) -> alt.VConcatChart:
+                panel_height: int = 170, log_scale: bool = False) -> alt.VConcatChart:
     """tok/s (with the p10..p90 step spread as error bars), copy-kernel share and step ms, one
     line per variant, on one commit axis in first-parent order. Each point is a run; a line
     goes through the mean of a commit's runs. Clicking a tok/s point selects its run. Each
     confirmed change of the panel's metric (`changes`: list_series_changes' frame) is a rule at
     its first bad commit with a diamond at its value after, red for a regression and green for
-    an improvement."""
+    an improvement. `log_scale`: tok/s and step ms on log axes, so that a 7 ms variant and a
+    74 ms one both show their changes (equal ratios, equal heights)."""
     runs = add_commit_labels(trend)
     order = runs.drop_duplicates("commit_order").sort_values("commit_order")["commit_label"].tolist()
     markers = change_markers(runs, changes) if changes is not None else change_markers(runs, _NO_CHANGES)
@@ -78,22 +79,25 @@ def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_
         x = alt.X("commit_label:N", sort=order, title="commit (first-parent order)" if bottom else None,
                   axis=alt.Axis(labelAngle=-40, labelLimit=240) if bottom else alt.Axis(labels=False, ticks=False))
         base = alt.Chart(runs).encode(x=x, color=colour)
-        line = base.mark_line(strokeWidth=2).encode(y=alt.Y(f"mean({field}):Q", title=title,
+        scale = alt.Scale(type="log" if log_scale and field != "copy_share" else "linear",
+                          zero=False if log_scale else alt.Undefined)
+        line = base.mark_line(strokeWidth=2).encode(y=alt.Y(f"mean({field}):Q", title=title, scale=scale,
                                                             axis=alt.Axis(format=axis_format)))
-        points = base.mark_point(filled=True, size=70).encode(y=alt.Y(f"{field}:Q"), tooltip=tooltip)
+        points = base.mark_point(filled=True, size=70).encode(y=alt.Y(f"{field}:Q", scale=scale), tooltip=tooltip)
         if selectable:
             points = points.encode(size=alt.condition(pick, alt.value(110), alt.value(70))).add_params(pick)
         layers = [line, points]
         if spread is not None:
             layers.insert(0, base.mark_rule(strokeWidth=2, opacity=0.6).encode(
-                y=alt.Y(f"{spread[0]}:Q"), y2=alt.Y2(f"{spread[1]}:Q"), tooltip=tooltip))
+                y=alt.Y(f"{spread[0]}:Q", scale=scale), y2=alt.Y2(f"{spread[1]}:Q"), tooltip=tooltip))
         mine = markers[markers["metric"] == field]
         if len(mine):
             marked = alt.Chart(mine).encode(
                 x=x, color=alt.condition(alt.datum.direction == "regression", alt.value(REGRESSION_COLOUR),
                                          alt.value(IMPROVEMENT_COLOUR)), tooltip=change_tooltip)
             layers += [marked.mark_rule(strokeDash=[6, 3], strokeWidth=2),
-                       marked.mark_point(shape="diamond", filled=True, size=140).encode(y=alt.Y("after_value:Q"))]
+                       marked.mark_point(shape="diamond", filled=True, size=140).encode(
+                           y=alt.Y("after_value:Q", scale=scale))]
         return alt.layer(*layers).properties(width=panel_width, height=panel_height)
 
     return alt.vconcat(

@@ -21,10 +21,10 @@ def test_default_series_is_the_one_with_most_runs(dashboard_db, open_page):  # n
     assert not at.exception
     assert {s.label: s.value for s in at.selectbox} == {
         "Repository": "stepwatch", "Engine": "reference", "GPU": "NVIDIA H200", "Batch size": "1",
-        "Workload": "b0e35bdd9a", "Commits shown": "100"}
+        "Workload": "b0e35bdd9a", "Commits shown": "100", "Scale": "linear"}
     assert at.markdown[0].value.startswith("**glm5 · batch 1 · context 2048 · CUDA graph** — 9 runs at 3 commits")
     assert dict(at.query_params) == {"repo": "stepwatch", "engine": "reference", "gpu": "NVIDIA H200",
-                                     "batch": "1", "workload": "b0e35bdd9a", "last": "100"}
+                                     "batch": "1", "workload": "b0e35bdd9a", "last": "100", "scale": "linear"}
     spec = _chart_spec(at)
     tok, share, step = spec["vconcat"]
     assert tok["layer"][1]["encoding"]["y"]["title"] == "decode tok/s"
@@ -127,3 +127,15 @@ def test_a_filter_that_matches_nothing_is_a_notice(dashboard_db, open_page):  # 
         "`?gpu=NVIDIA B300` matches no gpu here: showing NVIDIA H200 instead.",
         "`?last=7` matches no commits shown here: showing last 100 instead."]
     assert (at.query_params["gpu"], at.query_params["last"]) == ("NVIDIA H200", "100")
+
+
+def test_log_axes_from_the_url(dashboard_db, open_page):  # noqa: F811
+    linear = _chart_spec(open_page(dashboard_db, "trends"))
+    at = open_page(dashboard_db, "trends", scale="log")
+    assert not at.exception
+    tok, share, step = _chart_spec(at)["vconcat"]
+    assert tok["layer"][1]["encoding"]["y"]["scale"] == {"type": "log", "zero": False}
+    assert step["layer"][2]["encoding"]["y"]["scale"] == {"type": "log", "zero": False}
+    assert share["layer"][1]["encoding"]["y"]["scale"]["type"] == "linear"  # a share stays linear
+    assert linear["vconcat"][0]["layer"][1]["encoding"]["y"]["scale"] == {"type": "linear"}
+    assert any(c.value.startswith("Error bars: tok/s and step ms at the 10th and 90th percentile") for c in at.caption)

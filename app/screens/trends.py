@@ -39,6 +39,9 @@ def choose_series(series):
     return repo, engine, device, workload_id, last, keys
 
 
+SCALES = {"linear": "linear axes", "log": "log axes (tok/s, step ms)"}
+
+
 st.title("Trends")
 st.caption("Decode throughput of each workload along a repository's first-parent history. "
            "Points are runs; click one to open it.")
@@ -64,7 +67,13 @@ else:
     variants = ", ".join(sorted(trend["variant"].unique()))
     st.markdown(format_markdown("**{}** — {} runs at {} commit{}, variants: {}", describe_workload(keys[workload_id]),
                                 len(trend), commits, "s" if commits != 1 else "", variants))
-    event = st.altair_chart(charts.trend_chart(trend, changes), on_select="rerun", key="trend_chart")
+    scale = select_in_url("Scale", list(SCALES), "scale", format_func=SCALES.get, default="linear",
+                          label_visibility="collapsed")
+    event = st.altair_chart(charts.trend_chart(trend, changes, log_scale=scale == "log"), on_select="rerun",
+                            key="trend_chart")
+    st.caption("Error bars: tok/s and step ms at the 10th and 90th percentile of the steps each run timed without "
+               "the profiler (none when a run timed none). Log axes show variants of very different speeds with "
+               "their changes at the same height for the same ratio.")
     if not changes.empty:
         st.caption("Dashed rules mark the first bad commit of each confirmed change of this series (red: "
                    "regression, green: improvement); the Regressions page lists them with their diagnosis.")
