@@ -128,34 +128,33 @@ def category_mean_chart(means: pd.DataFrame) -> alt.Chart:
     ).properties(height=alt.Step(24))
 
 
-def waterfall_steps(diff: pd.DataFrame, a_label: str, b_label: str) -> pd.DataFrame:
-    """get_category_diff's frame as waterfall bars: run A's step time, each category's change in
-    the given order (each bar starting where the last ended), run B's step time."""
-    total_a, total_b = float(diff["a_ms_per_step"].sum()), float(diff["b_ms_per_step"].sum())
-    ends = total_a + diff["delta_ms_per_step"].cumsum()
-    middle = pd.DataFrame({
-        "label": diff["category"], "start_ms": ends - diff["delta_ms_per_step"], "end_ms": ends,
-        "delta_ms": diff["delta_ms_per_step"],
-        "kind": ["slower" if d > 0 else "faster" for d in diff["delta_ms_per_step"]],
-    })
-    first = pd.DataFrame({"label": [a_label], "start_ms": [0.0], "end_ms": [total_a], "delta_ms": [total_a],
-                          "kind": ["total"]})
-    last = pd.DataFrame({"label": [b_label], "start_ms": [0.0], "end_ms": [total_b], "delta_ms": [total_b],
-                         "kind": ["total"]})
-    return pd.concat([first, middle, last], ignore_index=True)
+def change_rows(diff: pd.DataFrame) -> pd.DataFrame:
+    """get_category_diff's frame as the rows of a change chart: the whole step's change first
+    ("step", B - A), then each category's, largest change first; `label` is the signed ms."""
+    total = float(diff["delta_ms_per_step"].sum())
+    rows = pd.DataFrame({"part": ["step"] + diff["category"].tolist(),
+                         "delta_ms": [total] + diff["delta_ms_per_step"].astype(float).tolist()})
+    rows["kind"] = ["total"] + ["slower" if d > 0 else "faster" if d < 0 else "same" for d in rows["delta_ms"][1:]]
+    rows["label"] = [f"{d:+,.3f} ms" for d in rows["delta_ms"]]
+    return rows
 
 
-def waterfall_chart(steps: pd.DataFrame) -> alt.Chart:
-    """Bars from start_ms to end_ms in the given order: totals grey, slower red, faster green."""
-    return alt.Chart(steps).mark_bar(size=28).encode(
-        x=alt.X("label:N", sort=steps["label"].tolist(), title=None, axis=alt.Axis(labelAngle=-25)),
-        y=alt.Y("start_ms:Q", title="ms per step"), y2=alt.Y2("end_ms:Q"),
-        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=["total", "slower", "faster"],
-                                                              range=["#8c8c8c", "#d62728", "#2ca02c"])),
-        tooltip=[alt.Tooltip("label:N", title="step part"), alt.Tooltip("delta_ms:Q", title="ms", format="+,.3f"),
-                 alt.Tooltip("start_ms:Q", title="from", format=",.3f"),
-                 alt.Tooltip("end_ms:Q", title="to", format=",.3f")],
-    ).properties(height=300)
+def change_chart(rows: pd.DataFrame) -> alt.LayerChart:
+    """Signed bars of change_rows' ms from zero (a change of 0.01 ms is as visible as its share
+    of the largest), each labelled with its value: red slower, green faster, the step grey."""
+    order = rows["part"].tolist()
+    base = alt.Chart(rows).encode(
+        y=alt.Y("part:N", sort=order, title=None),
+        tooltip=[alt.Tooltip("part:N", title="step part"),
+                 alt.Tooltip("delta_ms:Q", title="change, ms", format="+,.3f")])
+    bars = base.mark_bar(size=18).encode(
+        x=alt.X("delta_ms:Q", title="change in ms per profiled step (B - A)"),
+        color=alt.Color("kind:N", title=None, legend=None,
+                        scale=alt.Scale(domain=["total", "slower", "faster", "same"],
+                                        range=["#8c8c8c", "#d62728", "#2ca02c", "#bdbdbd"])))
+    text = base.mark_text(align="left", dx=4).encode(
+        x=alt.value(4), text=alt.Text("label:N"))  # at the left edge: readable whatever the bar's sign
+    return alt.layer(bars, text).properties(height=alt.Step(26))
 
 
 def variant_chart(matrix: pd.DataFrame, a_label: str, b_label: str) -> alt.Chart:

@@ -64,17 +64,17 @@ def test_step_breakdown_and_means_use_one_colour_per_category(frames):
     assert means["encoding"]["color"]["scale"]["domain"] == scale["domain"]
 
 
-def test_waterfall_walks_from_a_to_b(frames):
-    steps = charts.waterfall_steps(frames["diff"], "A", "B")
-    assert steps["label"].tolist() == ["A", "cast", "gemm", "elementwise", "idle", "norm", "attention", "B"]
-    assert steps["kind"].tolist() == ["total", "faster", "faster", "faster", "faster", "slower", "slower", "total"]
-    assert steps.iloc[0].end_ms == pytest.approx(75.471389, abs=1e-5)  # the steps' GPU time
-    assert (steps.iloc[1].start_ms, steps.iloc[1].end_ms) == (pytest.approx(75.471389, abs=1e-5),
-                                                              pytest.approx(8.244011, abs=1e-5))
-    assert steps.iloc[-2].end_ms == pytest.approx(steps.iloc[-1].end_ms)  # the last change lands on B's total
-    spec = charts.waterfall_chart(steps).to_dict()
-    assert spec["encoding"]["x"]["sort"] == steps["label"].tolist()
-    assert (spec["encoding"]["y"]["field"], spec["encoding"]["y2"]["field"]) == ("start_ms", "end_ms")
+def test_the_change_chart_shows_each_change_from_zero_with_its_value(frames):
+    rows = charts.change_rows(frames["diff"])
+    assert rows["part"].tolist() == ["step", "cast", "gemm", "elementwise", "idle", "norm", "attention"]
+    assert rows["kind"].tolist() == ["total", "faster", "faster", "faster", "faster", "slower", "slower"]
+    assert rows.iloc[0].delta_ms == pytest.approx(rows["delta_ms"][1:].sum())  # the step's change is the sum
+    assert rows.iloc[1].delta_ms == pytest.approx(8.244011 - 75.471389, abs=1e-5)  # the cast kernel went away
+    assert rows.iloc[1].label == "-67.227 ms" and rows.iloc[-1].label.startswith("+0.0")
+    bars, text = charts.change_chart(rows).to_dict()["layer"]
+    assert bars["encoding"]["x"]["field"] == "delta_ms" and "scale" not in bars["encoding"]["x"]  # from zero
+    assert bars["encoding"]["y"]["sort"] == rows["part"].tolist()
+    assert text["encoding"]["text"]["field"] == "label"
 
 
 def test_variant_chart_has_a_bar_per_variant_and_commit(frames):

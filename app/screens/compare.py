@@ -123,9 +123,11 @@ for change in comparison["changes"].itertuples():
                                 describe_change(change), change.p_value))
 
 st.subheader("What changed in the step time")
-st.altair_chart(charts.waterfall_chart(charts.waterfall_steps(diff, f"A: run {run_a}", f"B: run {run_b}")))
-st.caption("Mean ms per profiled step of run A, each category's change (red: slower, green: faster), and "
-           "run B; idle is step time in which no kernel ran. Profiled steps run slower than Step ms above.")
+st.altair_chart(charts.change_chart(charts.change_rows(diff)))
+st.caption(format_markdown(
+    "Change of the mean ms per profiled step, by category (red: slower, green: faster), from run A's {:,.3f} ms "
+    "to run B's {:,.3f} ms; idle is step time in which no kernel ran. Profiled steps run slower than Step ms above.",
+    float(diff["a_ms_per_step"].sum()), float(diff["b_ms_per_step"].sum())))
 
 st.subheader("Kernels that changed")
 kinds = st.multiselect("Show", ["added", "removed", "changed", "same"], default=["added", "removed", "changed"])
