@@ -3,7 +3,7 @@ filters from the URL, the runs without a commit listed apart."""
 
 import json
 
-from tests.test_app_fixtures import dashboard_db, find_run_id, open_page  # noqa: F401  (fixtures)
+from tests.test_app_fixtures import dashboard_db, find_run_id, open_page, writable_db  # noqa: F401  (fixtures)
 
 
 def _chart_spec(at) -> dict:
@@ -139,3 +139,17 @@ def test_log_axes_from_the_url(dashboard_db, open_page):  # noqa: F811
     assert share["layer"][1]["encoding"]["y"]["scale"]["type"] == "linear"  # a share stays linear
     assert linear["vconcat"][0]["layer"][1]["encoding"]["y"]["scale"] == {"type": "linear"}
     assert any(c.value.startswith("Error bars: tok/s and step ms at the 10th and 90th percentile") for c in at.caption)
+
+
+def test_series_without_a_gpu_name_are_labelled_as_such(writable_db, open_page, tmp_path):  # noqa: F811
+    from ingest.cli import main
+    from tests.test_app_fixtures import CPU_TRACE
+
+    trace = tmp_path / "cpu.trace.json"  # another file than the fixture's own import of it (runs are by content)
+    trace.write_bytes(CPU_TRACE.read_bytes() + b"\n")
+    assert main(["import", str(trace), "--db", str(writable_db), "--repo", "stepwatch", "--commit", "c0ffee1"]) == 0
+    at = open_page(writable_db, "trends")
+    engines = at.selectbox(key="url_engine")
+    engines.select_index(engines.options.index("not recorded")).run()  # the plain trace import's engine
+    assert not at.exception
+    assert at.selectbox(key="url_gpu").options == ["none recorded (CPU runs, or traces without GPU properties)"]

@@ -18,10 +18,10 @@ def choose_series(series):
         repo = select_in_url("Repository", series["repo"].unique(), "repo", format_func=lambda v: v or "(none)")
     series = series[series["repo"] == repo]
     with cols[1]:
-        engine = select_in_url("Engine", series["engine"].unique(), "engine", format_func=lambda v: v or "(unknown)")
+        engine = select_in_url("Engine", series["engine"].unique(), "engine", format_func=lambda v: v or "not recorded")
     series = series[series["engine"] == engine]
     with cols[2]:
-        device = select_in_url("GPU", series["device"].unique(), "gpu", format_func=lambda v: v or "(unknown)")
+        device = select_in_url("GPU", series["device"].unique(), "gpu", format_func=lambda v: v or NO_GPU)
     series = series[series["device"] == device]
     batches = series["batch_size"].astype("string").fillna("—")
     with cols[3]:
@@ -40,6 +40,7 @@ def choose_series(series):
 
 
 SCALES = {"linear": "linear axes", "log": "log axes (tok/s, step ms)"}
+NO_GPU = "none recorded (CPU runs, or traces without GPU properties)"
 
 
 st.title("Trends")
