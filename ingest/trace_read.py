@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import sys
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -346,8 +347,9 @@ def read_trace(path: str | os.PathLike, *, split: bool | None = None, chunk_byte
     """Read one trace file into columns. Raises TraceError naming the file and the problem.
 
     A large trace is read by two processes (`split`; by default when it is worth it): both
-    stream the whole file and cut it at the same event boundaries, each decodes every other
-    piece, and the helper's columns join this process's. Anything unusual on that path (bad
+    stream the whole file and cut it at the same event boundaries, each decodes the pieces it
+    reaches first (`_Claims`: turn about on an idle machine, mostly this process when the helper
+    gets little CPU), and the helper's columns join this process's. Anything unusual on that path (bad
     JSON, a wrong type, a cut that fell inside a string) sends the read to the one-process
     reader, which alone says what is wrong and where."""
     path = Path(path)
@@ -652,23 +654,88 @@ def _uncompressed_size(path: Path) -> int:
         return 0  # the one-process reader will say what is wrong with the file
 
 
-def _read_share(path: Path, chunk_bytes: int, share: int, limits: ReadLimits) -> tuple[dict, _Columns]:
-    """One process's half of a split read: the pieces whose number has parity `share`. Cuts
-    are not checked here: a cut inside a string breaks the piece before it, whichever process
-    decodes it, and then the read goes to the one-process reader."""
+class _Claims:
+    """Which process of a split read decodes each piece: the first to reach it. Both processes
+    scan every piece in order; `take(n)` is true for the one that gets to piece n first. Pieces
+    below `next` are taken (a process at piece n has seen every piece before it taken, by itself
+    or the other), so one counter under a lock is the whole record. When the other process is
+    slowed (a busy machine gives it little CPU), this one takes more pieces, down to reading the
+    trace alone; on an idle machine the two take turns, piece about piece."""
+
+    def __init__(self, ctx) -> None:
+        self._next = ctx.RawValue("q", 0)
+        self._done = ctx.RawValue("b", 0)
+        self._lock = ctx.Lock()
+
+    def take(self, number: int) -> bool:
+        with self._lock:
+            if self._next.value > number:
+                return False
+            self._next.value = number + 1
+            return True
+
+    def finish(self) -> None:
+        """Said by the main process when it reads on alone (when its scan is over, or when the
+        helper does not help): the helper stops, and this process takes every piece left."""
+        self._done.value = 1
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._done.value)
+
+    def left_behind(self, number: int) -> bool:
+        """Whether a helper at piece `number` is done for: the main process has read to the end,
+        or has taken the next HELPER_LAG_PIECES pieces while the helper was held up (the machine
+        gives it too little CPU to be worth the cores it takes from the main process)."""
+        return bool(self._done.value) or self._next.value > number + HELPER_LAG_PIECES
+
+
+class _Finished(Exception):
+    """The helper stops scanning: the main process reads the rest (see `_Claims.left_behind`)."""
+
+
+# A helper this many pieces behind the main process stops: it is not getting a CPU of its own.
+# Every this many pieces the main process also checks that it had most of a CPU to itself.
+HELPER_LAG_PIECES = 8
+MIN_CPU_SHARE = 0.75
+
+
+def _read_share(path: Path, chunk_bytes: int, claims: _Claims, limits: ReadLimits,
+                helper: bool = False) -> tuple[dict | None, _Columns]:
+    """One process's share of a split read: the pieces it reaches first (see `_Claims`). The
+    helper stops as soon as the main process has read to the end (header None). Cuts are not
+    checked here: a cut inside a string breaks the piece before it, whichever process decodes
+    it, and then the read goes to the one-process reader."""
     cols = _Columns(path, limits)
+    window = [time.perf_counter(), time.process_time()]
 
     def on_piece(number: int, buf: bytearray, start: int, end: int) -> bool:
-        if number % 2 == share:
+        if helper and claims.left_behind(number):
+            raise _Finished
+        if claims.take(number):
             cols.add(_decode_in_place(buf, start, end, _DECODER.decode), number)
+        if not helper and number % HELPER_LAG_PIECES == HELPER_LAG_PIECES - 1 and not claims.finished:
+            # the main process's share of a CPU over the last pieces: well under one CPU means
+            # the two processes are sharing one (a busy machine, or a CPU quota) and the helper
+            # only takes time from this process: it stops, this process reads on alone
+            wall, cpu = time.perf_counter(), time.process_time()
+            if cpu - window[1] < MIN_CPU_SHARE * (wall - window[0]):
+                claims.finish()
+            window[:] = wall, cpu
         return True
 
     def on_last(number: int, events_text: bytes) -> None:
         events = _DECODER.decode(events_text)  # decoded by both: it tells where the array ends
-        if number % 2 == share:
+        if claims.take(number):
             cols.add(events, number)
 
-    return _scan(path, chunk_bytes, on_piece, on_last, limits), cols
+    try:
+        header = _scan(path, chunk_bytes, on_piece, on_last, limits)
+    except _Finished:
+        return None, cols
+    if not helper:
+        claims.finish()
+    return header, cols
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -686,8 +753,9 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _helper_main(path: Path, chunk_bytes: int, limits: ReadLimits, conn, parents_end, parent: int) -> None:
-    """The helper process: decode the odd pieces and send their columns back. It must never
+def _helper_main(path: Path, chunk_bytes: int, claims: _Claims, limits: ReadLimits, conn, parents_end,
+                 parent: int) -> None:
+    """The helper process: decode the pieces it reaches first and send their columns back. It must never
     outlive the importer: it dies with it (parent-death signal), and it holds no copy of the
     parent's end of the pipe, so a send to a dead parent fails instead of blocking for ever."""
     _die_with_parent(parent)
@@ -696,7 +764,7 @@ def _helper_main(path: Path, chunk_bytes: int, limits: ReadLimits, conn, parents
     # so the helper must not die printing a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _, cols = _read_share(path, chunk_bytes, 1, limits)
+        _, cols = _read_share(path, chunk_bytes, claims, limits, helper=True)
         payload = (True, cols.export())
     except BaseException:  # noqa: BLE001 - whatever it was, the one-process reader will say it
         payload = (False, None)
@@ -711,7 +779,8 @@ def _read_split(path: Path, chunk_bytes: int, limits: ReadLimits = DEFAULT_LIMIT
     """Read with a forked helper; None when that did not work out (read it in one process)."""
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
-    helper = ctx.Process(target=_helper_main, args=(path, chunk_bytes, limits, sender, receiver, os.getpid()),
+    claims = _Claims(ctx)
+    helper = ctx.Process(target=_helper_main, args=(path, chunk_bytes, claims, limits, sender, receiver, os.getpid()),
                          name="stepwatch-trace-reader")
     try:
         with warnings.catch_warnings():
@@ -726,7 +795,7 @@ def _read_split(path: Path, chunk_bytes: int, limits: ReadLimits = DEFAULT_LIMIT
     sender.close()
     try:
         try:
-            header, cols = _read_share(path, chunk_bytes, 0, limits)
+            header, cols = _read_share(path, chunk_bytes, claims, limits)
             ok, theirs = receiver.recv()
         except (TraceError, msgspec.MsgspecError, EOFError, RecursionError):
             return None
