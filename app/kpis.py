@@ -20,6 +20,8 @@ def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None =
     when their change is within noise or unsupported, and are then not coloured."""
     base = baseline or {}
     delta = baseline is not None
+    # the words of ingest.regress.uncertainty, not imported from it: that loads SciPy and ruptures,
+    # which the Run page does not need
     flag = {"within noise": " · within noise", "not enough data": " · not enough data"}.get(verdict or "", "")
     tiles = st.columns(4)
     tiles[0].metric("Decode tok/s", format_number(run["tok_per_s"]), border=True,
@@ -27,7 +29,8 @@ def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None =
                     delta=format_change(base.get("tok_per_s"), run["tok_per_s"]) + flag if delta else None)
     spread = (f"p10–p90 {run['timing_ms_p10']:.3f}–{run['timing_ms_p90']:.3f} ms without the profiler; "
               if run["timing_ms_p10"] is not None else "")
-    tiles[1].metric("Step ms", format_number(run["step_ms"], 3), border=True, delta_color="off" if flag else "inverse",
+    tiles[1].metric("Step ms", format_number(run["step_ms"], 3), border=True,
+                    delta_color="off" if flag else "inverse",
                     delta=format_change(base.get("step_ms"), run["step_ms"]) + flag if delta else None,
                     help=f"{spread}median profiled step {run['step_ms_median']:.3f} ms")
     tiles[2].metric("Copy-kernel share", format_percent(run["copy_share"]), border=True, delta_color="inverse",

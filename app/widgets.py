@@ -12,7 +12,8 @@ from app.markdown_text import format_markdown
 URL_VALUE_SHOWN = 60  # characters of an ignored URL value quoted in its notice
 
 
-def _quoted(param: str, text: str) -> str:
+def quote_url_value(param: str, text: str) -> str:
+    """`?param=text` as a notice quotes it, the value cut to URL_VALUE_SHOWN characters."""
     shown = text if len(text) <= URL_VALUE_SHOWN else text[: URL_VALUE_SHOWN - 1] + "…"
     return f"?{param}={shown}"
 
@@ -30,7 +31,7 @@ def select_in_url(label: str, options: Sequence[str], param: str, *, format_func
     wanted = asked if asked is not None else default
     index = options.index(wanted) if wanted in options else (options.index(default) if default in options else 0)
     if asked is not None and asked not in options:
-        st.warning(format_markdown("{:code} matches no {} here: showing {} instead.", _quoted(param, asked),
+        st.warning(format_markdown("{:code} matches no {} here: showing {} instead.", quote_url_value(param, asked),
                                    label.lower(), format_func(options[index])))
     value = st.selectbox(label, options, index=index, format_func=format_func, key=key or f"url_{param}", **kwargs)
     st.query_params[param] = value
@@ -45,7 +46,7 @@ def read_int_param(param: str, what: str = "run") -> int | None:
         return None
     if text.isascii() and text.isdigit() and int(text) > 0:
         return int(text)
-    st.warning(format_markdown("{:code} is not a {} id (a positive whole number): ignored.", _quoted(param, text),
-                               what))
+    st.warning(format_markdown("{:code} is not a {} id (a positive whole number): ignored.",
+                               quote_url_value(param, text), what))
     st.query_params.pop(param, None)  # said once: the pickers below start from their defaults
     return None

@@ -8,7 +8,7 @@ from app.labels import describe_run, describe_workload
 from app.markdown_text import format_findings, format_markdown
 from app.tables import filter_rows, kernel_columns
 from app.traces import download_name, list_trace_files, read_bytes_later
-from app.widgets import read_int_param, select_in_url
+from app.widgets import quote_url_value, read_int_param, select_in_url
 from db import views
 
 st.title("Run")
@@ -57,8 +57,8 @@ if len(ranks) > 1:
     if rank != detail["rank"]:
         detail = data.load(views.get_run_detail, run_id, rank)
 elif st.query_params.get("rank") not in (None, str(detail["rank"])):
-    asked_rank = f"?rank={st.query_params['rank'][:60]}"
-    st.warning(format_markdown("{:code}: this run has one rank, {}, shown below.", asked_rank, detail["rank"]))
+    st.warning(format_markdown("{:code}: this run has one rank, {}, shown below.",
+                               quote_url_value("rank", st.query_params["rank"]), detail["rank"]))
     st.query_params.pop("rank")
 breakdown, means, kernels, job = detail["breakdown"], detail["means"], detail["kernels"], detail["job"]
 
