@@ -244,8 +244,7 @@ def run_check(args) -> int:
     return 1 if args.fail_on_regression and regressions else 0
 
 
-def _store_import(db: str, record, facts) -> tuple[int, bool]:
-    tables = run_tables(record)  # before the file is held
+def _store_import(db: str, record, tables, facts) -> tuple[int, bool]:
     with open_db(db) as store:
         run_id, created = store.insert_run(record, tables)
         if facts is not None:
@@ -262,7 +261,8 @@ def run_import(args) -> int:
     with args.db_thread or DatabaseThread() as db_thread:
         record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
         facts = resolved or _commit_facts(record.commit, record.repo, args.repo_path)
-        run_id, created = db_thread(_store_import, args.db, record, facts)
+        tables = run_tables(record)  # here, at batch priority, before the database thread holds the file
+        run_id, created = db_thread(_store_import, args.db, record, tables, facts)
         if created and record.commit:
             from .regress.track import follow_run
 
