@@ -23,6 +23,7 @@ def load_samples(db_path: str, rules: list[Rule], sample_dir: Path = SAMPLE_DIR)
         for record in records:
             _, created = store.insert_run(record)
             added += created
-        for c in facts["commits"]:
-            store.record_commit(facts["repo"], c["sha"], c["committed_at"], c["author"], c["subject"], c["seq"])
+        for repo in facts["repos"]:
+            for c in repo["commits"]:
+                store.record_commit(repo["repo"], c["sha"], c["committed_at"], c["author"], c["subject"], c["seq"])
     return added

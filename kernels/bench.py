@@ -218,8 +218,9 @@ def prepare_out_dir(out: Path) -> None:
 
 def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, warmup: int = 5,
               steps: int = 3, with_stack: bool = True, commit: str | None = None,
-              repo: str = "stepwatch", progress=None) -> Path:
-    """Time and profile `workload`, then write a complete bundle at `out`; return its path."""
+              repo: str = "stepwatch", progress=None, variant: str | None = None) -> Path:
+    """Time and profile `workload`, then write a complete bundle at `out`; return its path.
+    The bundle's variant is the KV strategy unless `variant` names another."""
     out = Path(out)
     prepare_out_dir(out)
     state = workload.state
@@ -241,7 +242,7 @@ def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, wa
         }
         manifest = Manifest(
             engine="reference",
-            variant=workload.kv,
+            variant=variant or workload.kv,
             workload=workload_info,
             device=describe_device(state.device),
             versions=describe_versions(),

@@ -64,7 +64,7 @@ def build_dashboard_db(path: Path) -> Path:
     with open_db(path) as store:
         for bundle in sorted(p for p in SAMPLES.iterdir() if p.is_dir() and p.name.startswith(FIXTURE_COMMITS)):
             store.insert_run(prepare_import(bundle, rules, ImportOptions()))
-        facts = json.loads((SAMPLES / "commits.json").read_text())
+        facts = json.loads((SAMPLES / "commits.json").read_text())["repos"][0]  # stepwatch's own commits
         for c in (c for c in facts["commits"] if c["sha"].startswith(FIXTURE_COMMITS)):
             store.record_commit(facts["repo"], c["sha"], c["committed_at"], c["author"], c["subject"], c["seq"])
 
