@@ -214,3 +214,31 @@ def test_real_h200_timings_a_commit_that_brings_the_whole_pool_cast_back():
     assert (c.last_good_commit, c.first_bad_commit, c.direction) == ("3cf1671", "bad", "regression")
     assert c.after_median / c.before_median == pytest.approx(74.13 / 7.72, rel=0.01)
     assert (c.samples_before, c.samples_after) == (60, 20)
+
+
+DEMO = ["9317abc", "05a3934", "d445ae3", "6806b21", "bd182fd", "d396647"]  # glm5-serving-demo, commit order
+
+
+def test_real_h200_regression_and_its_fix_in_six_commits_are_both_confirmed():
+    # kernels/demo_series.py on the H200: the fused path (7.2-7.9 ms), the whole-pool cast at
+    # d445ae3 and 6806b21 (74 ms), gather-then-cast at bd182fd (8.0 ms), fused again; two runs a
+    # commit pooled. Two of the five successive differences are the steps: the trimmed between-run
+    # noise used to read them as noise and confirm neither (found nothing at all, at 10x)
+    points = [Point(c, _timings(f"demo-{c}-1-glm5-graph") + _timings(f"demo-{c}-2-glm5-graph")) for c in DEMO]
+    changes = detect_changes(points, higher_is_better=False)
+    assert [(c.last_good_commit, c.first_bad_commit, c.direction) for c in changes] == [
+        ("05a3934", "d445ae3", "regression"), ("6806b21", "bd182fd", "improvement")]
+    assert changes[0].after_median / changes[0].before_median == pytest.approx(9.8, rel=0.03)
+    assert changes[0].noise_source == "between" and changes[0].noise < 0.02  # the calm differences' ~1 %
+
+
+def test_the_step_rejection_leaves_one_step_series_to_the_trimmed_estimate():
+    # one step in five points: the trim already leaves it out, and the estimate is the trimmed one
+    rng = np.random.default_rng(3)
+    medians = np.log(np.array([100.0, 101.0, 99.5, 150.0, 150.8]))
+    sets = [m + 0.001 * rng.standard_normal(5) for m in medians]
+    from ingest.regress.detect import _between_noise, estimate_noise
+
+    sigma, dof = _between_noise(medians)
+    assert dof == pytest.approx(0.47 * 4 - 0.4)  # all four differences' degrees of freedom: the old estimate
+    assert estimate_noise(medians, sets).source == "between"
