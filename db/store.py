@@ -77,7 +77,10 @@ def run_tables(rec: RunRecord) -> RunTables:
     def arrow(frame: pd.DataFrame) -> "pa.Table":
         return pa.Table.from_pandas(frame, preserve_index=False)
 
-    tables = {"steps": arrow(rec.step_table), "cats": arrow(rec.step_categories), "kernels": arrow(rec.kernel_stats)}
+    kernels = rec.kernel_stats
+    if "ms_per_step_sd" not in kernels.columns:  # a record made without per-step spreads (tests, old readers)
+        kernels = kernels.assign(ms_per_step_sd=float("nan"))
+    tables = {"steps": arrow(rec.step_table), "cats": arrow(rec.step_categories), "kernels": arrow(kernels)}
     if rec.rank_stats is not None and len(rec.rank_stats):
         tables["ranks"] = arrow(rec.rank_stats)
     return tables
@@ -278,13 +281,14 @@ class Store:
                 con.execute(
                     "INSERT INTO kernel_stats (run_id, rank, name, category, launcher, source, calls,"
                     " calls_per_step, total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
-                    " share, bytes_per_call, gbps, peak_fraction)"
+                    " share, bytes_per_call, gbps, peak_fraction, ms_per_step_sd)"
                     " SELECT ?, rank, name, category, launcher, source, calls, calls_per_step,"
                     " total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
                     " CASE WHEN isnan(share) THEN NULL ELSE share END,"
                     " CASE WHEN isnan(bytes_per_call) THEN NULL ELSE bytes_per_call END,"
                     " CASE WHEN isnan(gbps) THEN NULL ELSE gbps END,"
-                    " CASE WHEN isnan(peak_fraction) THEN NULL ELSE peak_fraction END"
+                    " CASE WHEN isnan(peak_fraction) THEN NULL ELSE peak_fraction END,"
+                    " CASE WHEN isnan(ms_per_step_sd) THEN NULL ELSE ms_per_step_sd END"
                     " FROM new_kernels", [run_id]
                 )
                 if "ranks" in tables:
@@ -363,7 +367,7 @@ class Store:
 
     _KERNEL_COLUMNS = ("name, category, launcher, source, calls, calls_per_step, total_us, mean_us,"
                        " median_us, p90_us, min_us, max_us, ms_per_step, share, bytes_per_call, gbps,"
-                       " peak_fraction")
+                       " peak_fraction, ms_per_step_sd")
 
     def get_kernel_stats(self, run_id: int, rank: int = 0, limit: int | None = None,
                          records: bool = False) -> "pd.DataFrame | list[dict]":

@@ -399,6 +399,36 @@ def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], nam
     return cat_codes[inverse.reshape(-1)], categories
 
 
+DENSE_SPREAD_CELLS = 4_000_000  # kernel rows x steps up to which _step_spread_ms uses a dense table (32 MB)
+
+
+def _step_spread_ms(group: np.ndarray, kernel_step: np.ndarray, dur: np.ndarray, n_groups: int,
+                    n_steps: int, dense_cells: int = DENSE_SPREAD_CELLS) -> np.ndarray:
+    """Per group (a kernel row), the standard deviation over the steps of its ms in each step,
+    steps where the group did not run counting 0; NaN with fewer than two steps. Kernels between
+    steps (kernel_step < 0) are left out, as the ms per step leaves them out.
+
+    The (group, step) cells are summed with one bincount into a dense groups x steps table when
+    it has at most `dense_cells` cells; beyond (a trace with very many kernel names and
+    steps), over the cells that occur only (np.unique of the cell keys), with the absent cells'
+    zeros added to each group's sum of squares, so memory follows the events, not the product."""
+    if n_steps < 2:
+        return np.full(n_groups, np.nan)
+    inside = kernel_step >= 0
+    keys = group[inside].astype(np.int64) * n_steps + kernel_step[inside]
+    if n_groups * n_steps <= dense_cells:
+        cells = np.bincount(keys, weights=dur[inside], minlength=n_groups * n_steps).reshape(n_groups, n_steps)
+        return cells.std(axis=1, ddof=1) / 1e3
+    present, where = np.unique(keys, return_inverse=True)
+    sums = np.bincount(where, weights=dur[inside])
+    owner = present // n_steps
+    mean = np.bincount(owner, weights=sums, minlength=n_groups) / n_steps
+    seen = np.bincount(owner, minlength=n_groups)
+    squares = np.bincount(owner, weights=(sums - mean[owner]) ** 2, minlength=n_groups)
+    squares += (n_steps - seen) * mean ** 2
+    return np.sqrt(squares / (n_steps - 1)) / 1e3
+
+
 def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]) -> RankFigures:
     name_id = trace.name_id[kernels.event].astype(np.int64)
     launcher_code, launchers = _encode(kernels.launcher)
@@ -420,6 +450,7 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     stats["p90_us"] = g["dur_us"].quantile(0.9)
     known = g["bytes"].agg(bytes_known="count", bytes_per_call="median")
     stats = stats.join(known).join(g["in_step"].sum().rename("calls_in_steps")).join(g["step_us"].sum())
+    stats["ms_per_step_sd"] = _step_spread_ms(g.ngroup().to_numpy(), steps.kernel_step, dur, len(stats), n_steps)
     stats = stats.reset_index()
     names = np.asarray(trace.names, dtype=object)
     stats["name"] = names[stats["name"].to_numpy()]
