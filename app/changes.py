@@ -54,8 +54,10 @@ def format_metric_value(metric: str, value: float) -> str:
 
 
 def format_rel_change(rel_change: float) -> str:
-    """'-89.9 %'; a kernel that appears (from 0) is 'new'."""
-    return "new (0 before)" if math.isinf(rel_change) else f"{rel_change * 100:+.1f} %"
+    """'-89.9 %' or '9.8x'; a kernel that appears (from 0) is 'new'."""
+    from .labels import format_rel
+
+    return "new (0 before)" if math.isinf(rel_change) else format_rel(rel_change)
 
 
 def describe_between(commits_between: int, bisect_runs: int) -> str:
@@ -91,12 +93,11 @@ def describe_verdict(v, source_a: str | None, source_b: str | None):
     """The pair's step-time verdict as one Markdown sentence: the change with its interval,
     the sample counts and the rank test's p, and what the verdict means."""
     from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
-    from ingest.regress.uncertainty import CHANGED, NOT_ENOUGH, fewest_steps
+    from ingest.regress.uncertainty import CHANGED, NOISE_MULTIPLE, NOT_ENOUGH, fewest_steps
 
     from .markdown_text import format_markdown
 
-    def pct(x: float) -> str:
-        return f"{x * 100:+.1f} %"
+    from .labels import format_rel as pct
 
     kinds = source_a if source_a == source_b else f"{source_a or 'no'} and {source_b or 'no'}"
     steps = f"{v.n_a} and {v.n_b} {kinds} steps"
@@ -105,11 +106,55 @@ def describe_verdict(v, source_a: str | None, source_b: str | None):
                                "least {} steps a run), so the differences below are single measurements.",
                                steps, ALPHA, fewest_steps())
     head = "Changed" if v.verdict == CHANGED else "Within noise"
-    tail = ("" if v.verdict == CHANGED else
-            f", short of a change (p < {ALPHA:g} and at least {MIN_REL_CHANGE * 100:.0f} %, the rule Regressions "
-            "confirms changes by)")
+    if v.beyond_spread is False:
+        need = math.expm1(NOISE_MULTIPLE * math.sqrt(2) * v.spread) * 100
+        tail = (f", short of a change: runs of the same code differ by {v.spread * 100:.1f} % here (the spread of "
+                f"{v.spread_pairs} repeated {'run' if v.spread_pairs == 1 else 'runs'} of this workload), so a change "
+                f"between two runs must pass {need:.0f} % ({NOISE_MULTIPLE:g} standard errors, as Regressions asks)")
+    elif v.verdict != CHANGED:
+        tail = (f", short of a change (p < {ALPHA:g} and at least {MIN_REL_CHANGE * 100:.0f} %, the rule Regressions "
+                "confirms changes by)")
+    else:
+        tail = ""
+    spread = (f" Run-to-run spread: {v.spread * 100:.1f} % ({v.spread_pairs} repeated "
+              f"{'run' if v.spread_pairs == 1 else 'runs'}), in the interval." if v.spread is not None else
+              " Run-to-run spread unknown: no commit of this workload was measured twice, so the interval and the "
+              "verdict rest on each run's own steps, which agree more than two runs do; repeat a run to know.")
     mixed = (" A's and B's steps were timed differently (with and without the profiler), so part of the difference "
              "may be the profiler's." if source_a != source_b else "")
-    return format_markdown("**{}**: step time {} (95 % interval {} to {}; {}; rank test p = {:.2g}){}; tok/s {}.{}",
+    return format_markdown("**{}**: step time {} (95 % interval {} to {}; {}; rank test p = {:.2g}){}; tok/s {}.{}{}",
                            head, pct(v.rel), pct(v.ci_low), pct(v.ci_high), steps, v.p, tail,
-                           pct(1 / (1 + v.rel) - 1), mixed)
+                           pct(1 / (1 + v.rel) - 1), spread, mixed)
+
+
+KERNEL_KINDS = ["added", "removed", "changed", "within noise", "not enough data"]
+
+
+def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFrame:
+    """The kernel diff (db.views.get_kernel_diff) with its `change` column decided against noise:
+    added and removed as they are; a kernel whose calls per step changed is `changed` (a count,
+    exact); otherwise compare_means' verdict on its ms per step (Welch's test on the profiled
+    steps, at least 3 %, beyond the run-to-run `spread` where known). Adds `p` and the 95 %
+    interval of the relative change (`ci_low`, `ci_high`)."""
+    from ingest.regress.uncertainty import CHANGED, compare_means
+
+    kinds, ps, lows, highs = [], [], [], []
+    for r in diff.itertuples():
+        p = low = high = None
+        if r.change in ("added", "removed"):
+            kind = r.change
+        elif r.a_calls_per_step != r.b_calls_per_step:
+            kind = CHANGED
+        else:
+            v = compare_means(r.a_ms_per_step, _finite(r.a_ms_per_step_sd), int(r.a_steps), r.b_ms_per_step,
+                              _finite(r.b_ms_per_step_sd), int(r.b_steps), spread=spread)
+            kind, p, low, high = v.verdict, v.p, v.ci_low, v.ci_high
+        kinds.append(kind)
+        ps.append(p)
+        lows.append(low)
+        highs.append(high)
+    return diff.assign(change=kinds, p=ps, ci_low=lows, ci_high=highs)
+
+
+def _finite(x) -> float | None:
+    return float(x) if x is not None and not pd.isna(x) else None

@@ -17,6 +17,7 @@ def build_run_facts(run: dict[str, Any], kernels: pd.DataFrame) -> RunFacts:
     """RunFacts of a get_run_overview row and its get_kernel_table frame (rank 0)."""
     workload = run["workload"] or {}
     return RunFacts(step_ms=run["step_ms"], kernels=kernels, tok_per_s=run["tok_per_s"],
+                    profiled_step_ms=run["step_ms_median"],
                     batch_size=run["batch_size"] or workload.get("batch_size"),
                     layers=run["layers"] or workload.get("layers"), device_name=run["device"] or None,
                     peak_gbps=run["peak_gbps"], workload=workload, commit=run["sha"], variant=run["variant"] or None)

@@ -64,8 +64,14 @@ def format_number(value: float | None, digits: int = 2, unit: str = "") -> str:
     return f"{value:,.{digits}f}{' ' + unit if unit else ''}"
 
 
+def format_rel(rel: float) -> str:
+    """A relative change as people say it: '+9.6 %', '-89.8 %', and from doubling on a factor,
+    '9.6x' (not '+860.0 %')."""
+    return f"{1 + rel:,.1f}x" if rel >= 1 else f"{rel * 100:+.1f} %"
+
+
 def format_change(a: float | None, b: float | None) -> str:
-    """'+9.6 %' from a to b, or '—' when either is missing or a is zero."""
+    """'+9.6 %' (or '9.6x') from a to b, or '—' when either is missing or a is zero."""
     if a is None or b is None or a == 0 or any(isinstance(v, float) and math.isnan(v) for v in (a, b)):
         return "—"
-    return f"{(b - a) / a * 100:+.1f} %"
+    return format_rel((b - a) / a)

@@ -24,8 +24,21 @@ def _ms(label: str) -> st.column_config.Column:
     return st.column_config.NumberColumn(label, format="%.3f")
 
 
+# Shares are fractions in the database and percent with one decimal on screen ("90.6 %"), as the
+# KPI tiles, the diagnosis sentences and the trend tooltips print them: a table shows its frame
+# through as_percent, which scales these columns by 100 for the "%.1f %%" format.
+SHARE_COLUMNS = ("share", "copy_share", "gpu_busy_share", "peak_fraction", "a_share", "b_share",
+                 "a_copy_share", "b_copy_share")
+
+
+def as_percent(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with its share columns (SHARE_COLUMNS present in it) in percent."""
+    present = [c for c in SHARE_COLUMNS if c in frame.columns]
+    return frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") * 100 for c in present}) if present else frame
+
+
 def _share(label: str) -> st.column_config.Column:
-    return st.column_config.NumberColumn(label, format="percent")
+    return st.column_config.NumberColumn(label, format="%.1f %%")
 
 
 def run_columns() -> dict:
@@ -55,8 +68,9 @@ def kernel_columns() -> dict:
 
 
 # the kernel diff's columns, in order: what changed and by how much first, the full name last
-KERNEL_DIFF_ORDER = ["change", "delta_ms_per_step", "delta_pct", "short_name", "a_ms_per_step", "b_ms_per_step",
-                     "a_calls_per_step", "b_calls_per_step", "category", "launcher", "a_share", "b_share", "name"]
+KERNEL_DIFF_ORDER = ["change", "delta_ms_per_step", "delta_pct", "interval", "short_name", "a_ms_per_step",
+                     "b_ms_per_step", "a_calls_per_step", "b_calls_per_step", "p", "category", "launcher", "a_share",
+                     "b_share", "name"]
 
 
 def kernel_diff_columns() -> dict:
@@ -65,6 +79,9 @@ def kernel_diff_columns() -> dict:
         "short_name": st.column_config.TextColumn("kernel", width="medium", help="the name without its namespaces "
                                                   "and template arguments; the full name is the last column"),
         "delta_pct": st.column_config.NumberColumn("Δ %", format="%+.1f %%", help="B against A, of A's ms per step"),
+        "interval": st.column_config.TextColumn("95 % interval", help="of Δ %: the profiled steps' spread (and the "
+                                                "run-to-run spread where known)"),
+        "p": st.column_config.NumberColumn("p", format="%.2g", help="Welch's t test over the profiled steps"),
         "launcher": "launcher op", "category": "category",
         "a_calls_per_step": st.column_config.NumberColumn("A calls/step", format="%.1f"),
         "b_calls_per_step": st.column_config.NumberColumn("B calls/step", format="%.1f"),
@@ -77,6 +94,7 @@ def kernel_diff_columns() -> dict:
 def variant_matrix_columns(name_a: str, name_b: str) -> dict:
     return {
         "variant": "variant", "change": "tok/s change",
+        "verdict": st.column_config.TextColumn("verdict", help="the step-time change against the runs' noise"),
         "a_tok_per_s": st.column_config.NumberColumn(f"tok/s at {name_a}", format="%.2f"),
         "b_tok_per_s": st.column_config.NumberColumn(f"tok/s at {name_b}", format="%.2f"),
         "a_step_ms": _ms(f"step ms at {name_a}"), "b_step_ms": _ms(f"step ms at {name_b}"),

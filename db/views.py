@@ -81,6 +81,39 @@ def get_trend(store: Store, repo: str, engine: str, device: str, workload_id: st
     ).df()
 
 
+def list_trend_breakdowns(store: Store, run_ids: list[int], top_kernels: int = 12) -> list[str]:
+    """What a trend can also plot for these runs (rank 0): 'category:<c>' for every category they
+    ran, then 'kernel:<name>' for the kernels with the most time (summed over the runs)."""
+    ids = [int(r) for r in run_ids]
+    cats = store.con.execute("SELECT DISTINCT category FROM step_categories WHERE list_contains(?, run_id)"
+                             " AND rank = 0 ORDER BY category", [ids]).fetchall()
+    kernels = store.con.execute("SELECT name FROM kernel_stats WHERE list_contains(?, run_id) AND rank = 0"
+                                " GROUP BY name ORDER BY sum(total_us) DESC, name LIMIT ?",
+                                [ids, top_kernels]).fetchall()
+    return [f"category:{c}" for (c,) in cats] + [f"kernel:{k}" for (k,) in kernels]
+
+
+def get_trend_breakdown(store: Store, run_ids: list[int], what: str) -> pd.DataFrame:
+    """(run_id, ms_per_step) of one category ('category:<c>': its mean ms per profiled step,
+    absent steps as 0) or one kernel ('kernel:<name>': its ms per step, summed over launchers
+    and source lines; 0 in a run without it), rank 0, for each of the runs."""
+    ids = [int(r) for r in run_ids]
+    kind, _, name = what.partition(":")
+    if kind == "category":
+        sql = ("SELECT s.run_id, coalesce(sum(c.dur_us), 0) / 1000.0 / any_value(n.steps) AS ms_per_step"
+               " FROM (SELECT unnest(?) AS run_id) s"
+               " JOIN (SELECT run_id, count(*) AS steps FROM steps WHERE rank = 0 GROUP BY run_id) n USING (run_id)"
+               " LEFT JOIN step_categories c ON c.run_id = s.run_id AND c.rank = 0 AND c.category = ?"
+               " GROUP BY s.run_id ORDER BY s.run_id")
+    elif kind == "kernel":
+        sql = ("SELECT s.run_id, coalesce(sum(k.ms_per_step), 0) AS ms_per_step FROM (SELECT unnest(?) AS run_id) s"
+               " LEFT JOIN kernel_stats k ON k.run_id = s.run_id AND k.rank = 0 AND k.name = ?"
+               " GROUP BY s.run_id ORDER BY s.run_id")
+    else:
+        raise ValueError(f"trend breakdown {what!r}: expected 'category:<name>' or 'kernel:<name>'")
+    return store.con.execute(sql, [ids, name]).df()
+
+
 def find_series_of_run(store: Store, run_id: int | None) -> tuple[str, str, str, str] | None:
     """(repo, engine, device, workload_id) of the series a run belongs to; None for a run
     without a commit (or no such run)."""
@@ -198,15 +231,19 @@ def get_step_breakdown(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame
 
 def get_category_means(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame:
     """Mean ms per step of each category (a category missing from a step counts as 0 there),
-    with `idle` as in get_step_breakdown; largest first."""
+    with `idle` as in get_step_breakdown; largest first. `sd_ms` is the standard deviation over
+    the steps (absent steps as 0; NULL under two steps), `steps` their count."""
     return store.con.execute(
         "WITH n AS (SELECT count(*) AS steps FROM steps WHERE run_id = ? AND rank = ?),"
         " parts AS ("
         "  SELECT category, dur_us FROM step_categories WHERE run_id = ? AND rank = ?"
         "  UNION ALL SELECT 'idle', greatest(wall_us - coalesce(gpu_busy_us, kernel_us), 0)"
-        "  FROM steps WHERE run_id = ? AND rank = ?)"
-        " SELECT category, sum(dur_us) / 1000.0 / any_value(n.steps) AS ms_per_step"
-        " FROM parts, n GROUP BY category ORDER BY ms_per_step DESC, category",
+        "  FROM steps WHERE run_id = ? AND rank = ?),"
+        " sums AS (SELECT category, sum(dur_us) / 1000.0 AS s, sum((dur_us / 1000.0) ^ 2) AS ss,"
+        "  any_value(n.steps) AS steps FROM parts, n GROUP BY category)"
+        " SELECT category, s / steps AS ms_per_step,"
+        "  CASE WHEN steps >= 2 THEN sqrt(greatest(ss - s * s / steps, 0) / (steps - 1)) END AS sd_ms, steps"
+        " FROM sums ORDER BY ms_per_step DESC, category",
         [run_id, rank, run_id, rank, run_id, rank],
     ).df()
 
@@ -276,10 +313,16 @@ def get_variant_matrix(store: Store, run_a: int, run_b: int) -> pd.DataFrame:
 
 def get_category_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.DataFrame:
     """Mean ms per step of each category in both runs and the change (b - a), the largest
-    change first. The categories' sums are the two runs' step times (idle included)."""
-    a = get_category_means(store, run_a, rank).rename(columns={"ms_per_step": "a_ms_per_step"})
-    b = get_category_means(store, run_b, rank).rename(columns={"ms_per_step": "b_ms_per_step"})
-    out = a.merge(b, on="category", how="outer").fillna({"a_ms_per_step": 0.0, "b_ms_per_step": 0.0})
+    change first, with each side's step-to-step sd_ms and steps. The categories' sums are the
+    two runs' step times (idle included)."""
+    a = get_category_means(store, run_a, rank).rename(columns={"ms_per_step": "a_ms_per_step", "sd_ms": "a_sd_ms",
+                                                                "steps": "a_steps"})
+    b = get_category_means(store, run_b, rank).rename(columns={"ms_per_step": "b_ms_per_step", "sd_ms": "b_sd_ms",
+                                                                "steps": "b_steps"})
+    out = a.merge(b, on="category", how="outer").fillna({"a_ms_per_step": 0.0, "b_ms_per_step": 0.0,
+                                                          "a_sd_ms": 0.0, "b_sd_ms": 0.0})
+    for side in ("a", "b"):  # a category absent from a run: 0 in each of its steps
+        out[f"{side}_steps"] = out[f"{side}_steps"].fillna(out[f"{side}_steps"].max())
     out["delta_ms_per_step"] = out["b_ms_per_step"] - out["a_ms_per_step"]
     order = out["delta_ms_per_step"].abs().sort_values(ascending=False, kind="stable").index
     return out.loc[order].reset_index(drop=True)
@@ -290,17 +333,20 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
     """Kernels of two runs matched by name and launcher op (summed over source lines): added,
     removed, changed or same, with calls/step, ms/step and share on each side, sorted by
     |change in ms per step|."""
+    # a kernel's rows of several source lines are summed; their step-to-step spreads are added
+    # as independent (the root of the summed variances): an approximation, said in the page
+    side = ("SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
+            "   sum(ms_per_step) AS ms_per_step, sum(share) AS share, sqrt(sum(ms_per_step_sd ^ 2)) AS sd,"
+            "   (SELECT steps FROM runs WHERE run_id = ?) AS steps"
+            "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY name, launcher")
     return store.con.execute(
-        "WITH a AS (SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
-        "   sum(ms_per_step) AS ms_per_step, sum(share) AS share"
-        "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY name, launcher),"
-        " b AS (SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
-        "   sum(ms_per_step) AS ms_per_step, sum(share) AS share"
-        "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY name, launcher),"
+        f"WITH a AS ({side}), b AS ({side}),"
         " j AS (SELECT coalesce(a.name, b.name) AS name, coalesce(a.launcher, b.launcher) AS launcher,"
         "   coalesce(b.category, a.category) AS category,"
         "   a.calls_per_step AS a_calls_per_step, b.calls_per_step AS b_calls_per_step,"
         "   a.ms_per_step AS a_ms_per_step, b.ms_per_step AS b_ms_per_step, a.share AS a_share, b.share AS b_share,"
+        "   a.sd AS a_ms_per_step_sd, b.sd AS b_ms_per_step_sd,"
+        "   (SELECT steps FROM runs WHERE run_id = ?) AS a_steps, (SELECT steps FROM runs WHERE run_id = ?) AS b_steps,"
         "   coalesce(b.ms_per_step, 0) - coalesce(a.ms_per_step, 0) AS delta_ms_per_step"
         "  FROM a FULL OUTER JOIN b ON a.name = b.name AND a.launcher = b.launcher)"
         " SELECT CASE WHEN a_ms_per_step IS NULL THEN 'added' WHEN b_ms_per_step IS NULL THEN 'removed'"
@@ -308,8 +354,28 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
         "    AND abs(delta_ms_per_step) <= greatest(? * a_ms_per_step, 0.001) THEN 'same'"
         "   ELSE 'changed' END AS change, *"
         " FROM j ORDER BY abs(delta_ms_per_step) DESC, name, launcher",
-        [run_a, rank, run_b, rank, same_within],
+        [run_a, run_a, rank, run_b, run_b, rank, run_a, run_b, same_within],
     ).df()
+
+
+def get_run_spread(store: Store, run_id: int | None) -> dict[str, Any]:
+    """How much runs of the same code differ, for the workload of this run: the pooled standard
+    deviation of log(run step ms) within each (commit, variant) measured more than once, over
+    the run's repository, engine, GPU and workload. {"spread": float or None (no repeated runs),
+    "pairs": repeated runs it rests on (runs beyond the first of each group), "groups": groups}."""
+    row = store.con.execute(
+        "WITH anchor AS (SELECT repo_id, engine, device_name, workload_key FROM runs WHERE run_id = ?),"
+        f" x AS (SELECT r.commit_id, coalesce(r.variant, '') AS variant, ln({_STEP_MS}) AS v"
+        "  FROM runs r, anchor s WHERE r.commit_id IS NOT NULL AND r.repo_id IS NOT DISTINCT FROM s.repo_id"
+        "   AND r.engine IS NOT DISTINCT FROM s.engine AND r.device_name IS NOT DISTINCT FROM s.device_name"
+        f"   AND r.workload_key IS NOT DISTINCT FROM s.workload_key AND {_STEP_MS} > 0),"
+        " g AS (SELECT count(*) AS n, var_samp(v) * (count(*) - 1) AS ss FROM x"
+        "  GROUP BY commit_id, variant HAVING count(*) >= 2)"
+        " SELECT sum(greatest(ss, 0)), sum(n - 1), count(*) FROM g", [run_id]).fetchone()
+    ss, pairs, groups = row if row else (None, None, 0)
+    if not pairs:
+        return {"spread": None, "pairs": 0, "groups": 0}
+    return {"spread": float(ss / pairs) ** 0.5, "pairs": int(pairs), "groups": int(groups)}
 
 
 def get_step_samples(store: Store, run_id: int | None) -> dict[str, Any]:
@@ -340,13 +406,17 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
         if default is None:
             return None
         run_a, run_b, by = default["a"], default["b"], default["by"]
+    matrix = get_variant_matrix(store, run_a, run_b)
+    matrix_runs = {int(r) for r in (*matrix["a_run_id"], *matrix["b_run_id"]) if pd.notna(r)} if len(matrix) else set()
     return {"run_a": run_a, "run_b": run_b, "by": by,
             "a": get_run_overview(store, run_a), "b": get_run_overview(store, run_b),
-            "matrix": get_variant_matrix(store, run_a, run_b), "trend": get_trend_of_run(store, run_a),
+            "matrix": matrix, "matrix_samples": {r: get_step_samples(store, r)["ms"] for r in sorted(matrix_runs)},
+            "trend": get_trend_of_run(store, run_a),
             "series": list_series(store), "diff": get_category_diff(store, run_a, run_b),
             "kernels": get_kernel_diff(store, run_a, run_b),
             "kernels_a": get_kernel_table(store, run_a), "kernels_b": get_kernel_table(store, run_b),
             "samples_a": get_step_samples(store, run_a), "samples_b": get_step_samples(store, run_b),
+            "spread": get_run_spread(store, run_a),
             "changes": list_changes_at_commit_of_run(store, run_b)}
 
 

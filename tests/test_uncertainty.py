@@ -5,6 +5,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from ingest.regress.uncertainty import (CHANGED, NOT_ENOUGH, WITHIN_NOISE, compare_samples, fewest_steps,
                                         smallest_p)
 
@@ -50,3 +52,40 @@ def test_bad_samples_are_left_out_and_the_interval_is_reproducible():
     v = compare_samples(a, b)
     assert (v.n_a, v.n_b) == (5, 5) and v.verdict == CHANGED
     assert compare_samples(a, b) == v  # the same samples, the same interval
+
+
+def test_two_runs_of_one_commit_are_within_noise_once_the_run_to_run_spread_is_known():
+    # kernels/demo_series.py on the H200: two runs of the same commit, 20 timed steps each, whose
+    # medians differ by 9 % while each run's steps agree to 0.2 %. On their steps alone they are
+    # "changed" (that is what the samples say); the workload's repeated runs give a 2.8 % run-to-run
+    # spread (db.views.get_run_spread over the demo series), and with it they are within noise
+    a, b = _timed("demo-9317abc-1-glm5-graph"), _timed("demo-9317abc-2-glm5-graph")
+    alone = compare_samples(a, b)
+    assert alone.verdict == CHANGED and 0.08 < alone.rel < 0.10 and alone.p < 1e-6 and alone.spread is None
+    v = compare_samples(a, b, spread=0.0282, spread_pairs=6)
+    assert v.verdict == WITHIN_NOISE and v.beyond_spread is False and v.spread_pairs == 6
+    assert v.rel == alone.rel and v.ci_low < alone.ci_low < alone.ci_high < v.ci_high  # the interval widens
+    need = math.expm1(3.5 * math.sqrt(2) * 0.0282)
+    assert 0.14 < need < 0.15 and abs(v.rel) < need
+    # the whole-pool cast against the fused path clears any such spread
+    big = compare_samples(_timed("demo-05a3934-1-glm5-graph"), _timed("demo-d445ae3-1-glm5-graph"), spread=0.0282,
+                          spread_pairs=6)
+    assert big.verdict == CHANGED and big.beyond_spread is True and big.ci_low > 7
+
+
+def test_kernel_means_follow_welchs_test():
+    from scipy.stats import ttest_ind_from_stats
+
+    from ingest.regress.uncertainty import compare_means, welch_interval
+
+    v = compare_means(1.0, 0.02, 5, 1.10, 0.03, 4)
+    ref = ttest_ind_from_stats(1.10, 0.03, 4, 1.0, 0.02, 5, equal_var=False)
+    assert v.p == pytest.approx(ref.pvalue, rel=1e-9) and v.verdict == CHANGED and v.rel == pytest.approx(0.10)
+    low, high, p = welch_interval(1.0, 0.02, 5, 1.10, 0.03, 4)
+    assert low < 0.10 < high and p == v.p and v.ci_low == pytest.approx(low) and v.ci_high == pytest.approx(high)
+    # 2 % at any p is under the 3 % a change needs; one step a side is not enough data
+    assert compare_means(1.0, 0.001, 20, 1.02, 0.001, 20).verdict == WITHIN_NOISE
+    assert compare_means(1.0, 0.02, 1, 2.0, 0.02, 5).verdict == NOT_ENOUGH
+    assert compare_means(1.0, None, 5, 2.0, 0.02, 5).verdict == NOT_ENOUGH
+    # a known run-to-run spread of 5 % leaves a 10 % kernel change within noise
+    assert compare_means(1.0, 0.02, 5, 1.10, 0.03, 4, spread=0.05).verdict == WITHIN_NOISE

@@ -2,19 +2,22 @@
 at both commits, the step-time change by category and the kernels that changed. The URL holds
 the two runs (?a=&b=), so a comparison can be shared; the pickers only rewrite the URL."""
 
+import pandas as pd
 import streamlit as st
 
 from app import charts, data
-from app.changes import describe_change, describe_verdict
+from app.changes import KERNEL_KINDS, classify_kernel_diff, describe_change, describe_verdict
 from app.diagnosis import diagnose_pair, is_patch_pair
 from app.kpis import show_run_kpis
 from app.labels import describe_run, describe_series, format_change, label_commit
-from app.markdown_text import format_markdown, format_markdown_list
-from app.tables import KERNEL_DIFF_ORDER, filter_rows, kernel_diff_columns, link_runs, variant_matrix_columns
+from app.markdown_text import Markdown, format_markdown, format_markdown_list
+from app.tables import (KERNEL_DIFF_ORDER, as_percent, filter_rows, kernel_diff_columns, link_runs,
+                        variant_matrix_columns)
 from app.widgets import read_int_param
 from db import views
 from ingest.regress import RegressError
 from ingest.regress.diagnose import shorten_kernel_name
+from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
 from ingest.regress.uncertainty import CHANGED, compare_samples
 
 st.title("Compare")
@@ -90,17 +93,29 @@ if wanted != {k: st.query_params.get(k) for k in wanted}:
 if not matrix.empty and a["sha"] != b["sha"] and a["workload_id"] == b["workload_id"]:
     st.subheader("Every variant at both commits")
     name_a, name_b = a["sha"][:7], b["sha"][:7]
+    runs_spread, by_run = comparison["spread"], comparison["matrix_samples"]
+
+    def variant_verdict(x, y) -> str:
+        if pd.isna(x) or pd.isna(y):
+            return "—"
+        return compare_samples(by_run[int(x)], by_run[int(y)], spread=runs_spread["spread"],
+                               spread_pairs=runs_spread["pairs"]).verdict
+
+    verdicts = [variant_verdict(x, y) for x, y in zip(matrix["a_run_id"], matrix["b_run_id"])]
     table = matrix.assign(change=[format_change(x, y) for x, y in zip(matrix["a_tok_per_s"], matrix["b_tok_per_s"])],
-                          run_a=link_runs(matrix["a_run_id"]), run_b=link_runs(matrix["b_run_id"]))
-    st.dataframe(table, hide_index=True, column_order=[
-        "variant", "a_tok_per_s", "b_tok_per_s", "change", "a_step_ms", "b_step_ms", "a_copy_share", "b_copy_share",
-        "run_a", "run_b"], column_config=variant_matrix_columns(name_a, name_b))
+                          verdict=verdicts, run_a=link_runs(matrix["a_run_id"]), run_b=link_runs(matrix["b_run_id"]))
+    st.dataframe(as_percent(table), hide_index=True, column_order=[
+        "variant", "a_tok_per_s", "b_tok_per_s", "change", "verdict", "a_step_ms", "b_step_ms", "a_copy_share",
+        "b_copy_share", "run_a", "run_b"], column_config=variant_matrix_columns(name_a, name_b))
+    st.caption("verdict: the step-time change of each variant against its noise, by the rule of the headline below "
+               "(changed / within noise / not enough data); a variant measured at one commit only shows —.")
     st.altair_chart(charts.variant_chart(matrix, f"A {name_a}", f"B {name_b}"))
 if a["workload_id"] != b["workload_id"] or a["device"] != b["device"]:
     st.warning("Runs A and B measured different workloads or GPUs, so their differences are not only the code's.")
 
 samples_a, samples_b = comparison["samples_a"], comparison["samples_b"]
-verdict = compare_samples(samples_a["ms"], samples_b["ms"])
+spread = comparison["spread"]
+verdict = compare_samples(samples_a["ms"], samples_b["ms"], spread=spread["spread"], spread_pairs=spread["pairs"])
 for name, run, base in (("A", a, None), ("B", b, a)):
     title = describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"], run["workload_key"])
     st.markdown(format_markdown("**{}** · [{}](run?run={})", name, title, run["run_id"]))
@@ -130,12 +145,22 @@ st.caption(format_markdown(
     float(diff["a_ms_per_step"].sum()), float(diff["b_ms_per_step"].sum())))
 
 st.subheader("Kernels that changed")
-kinds = st.multiselect("Show", ["added", "removed", "changed", "same"], default=["added", "removed", "changed"])
+kernels = classify_kernel_diff(kernels, spread["spread"])
+kinds = st.multiselect("Show", KERNEL_KINDS, default=["added", "removed", "changed"])
 needle = st.text_input("Filter kernels", placeholder="name, category or launcher op", key="compare_filter")
 shown = filter_rows(kernels[kernels["change"].isin(kinds)], needle, ["name", "category", "launcher"])
-st.caption(f"{len(shown)} of {len(kernels)} kernels (matched by name and launcher op), the largest change in "
-           "ms per step first.")
-shown = shown.assign(short_name=[shorten_kernel_name(n) for n in shown["name"]],
+counts = kernels["change"].value_counts()
+st.caption(format_markdown(
+    "{} of {} kernels (matched by name and launcher op) shown, the largest change in ms per step first: "
+    "{} added, {} removed, {} changed beyond their noise, {} within noise, {} with too few profiled steps to "
+    "tell. A kernel changed when its calls per step did, or when its ms per step moved by at least {:g} % at "
+    "p < {:g} (Welch's test over the profiled steps; source lines summed as independent){}.",
+    len(shown), len(kernels), *(int(counts.get(k, 0)) for k in KERNEL_KINDS), MIN_REL_CHANGE * 100, ALPHA,
+    Markdown(f" and beyond the {spread['spread'] * 100:.1f} % run-to-run spread" if spread["spread"] is not None
+             else "")))
+shown = shown.assign(interval=[f"{lo * 100:+.1f} to {hi * 100:+.1f} %" if pd.notna(lo) else None
+                               for lo, hi in zip(shown["ci_low"], shown["ci_high"])],
+                     short_name=[shorten_kernel_name(n) for n in shown["name"]],
                      delta_pct=[100 * d / a if a else None for d, a in zip(shown["delta_ms_per_step"],
                                                                            shown["a_ms_per_step"])])
-st.dataframe(shown, hide_index=True, column_order=KERNEL_DIFF_ORDER, column_config=kernel_diff_columns())
+st.dataframe(as_percent(shown), hide_index=True, column_order=KERNEL_DIFF_ORDER, column_config=kernel_diff_columns())

@@ -28,7 +28,7 @@ if changes.empty:
         st.info(f"No confirmed change: {workloads} workload{'s' if workloads > 1 else ''} measured at two or more "
                 f"commits (up to {int(checked['commits'].max())}), {variants} variant{'s' if variants > 1 else ''}: "
                 f"each variant's series was checked after each run, and none moved beyond its noise (a rank test "
-                f"at p < {ALPHA:g} on the per-step samples and a change of at least {MIN_REL_CHANGE:.0%}).")
+                f"at p < {ALPHA:g} on the per-step samples and a change of at least {MIN_REL_CHANGE * 100:.0f} %).")
     st.stop()
 
 series_names = {r.series_id: f"{describe_series(r.repo, r.engine, r.device, r.workload_key)} · {r.variant or '—'}"

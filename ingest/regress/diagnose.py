@@ -59,10 +59,15 @@ class RunFacts:
     """What diagnosis needs to know about one run.
 
     `step_ms` is the step time to reason about (the clean timing median when the run has one;
-    the profiled steps are slower); `kernels` holds one rank's per-kernel rows."""
+    the profiled steps are slower); `kernels` holds one rank's per-kernel rows, whose ms per step
+    come from the profiled steps. One basis for shares: a kernel's share is its `share` column
+    (of all kernel time, as the kernel table and the copy-kernel share count it); a kernel's
+    weight in the step is its ms per step over `profiled_step_ms` (the profiled steps' median),
+    never over the timed step, which the profiler did not slow down."""
 
     step_ms: float
     kernels: pd.DataFrame
+    profiled_step_ms: float | None = None
     tok_per_s: float | None = None
     batch_size: int | None = None
     layers: int | None = None
@@ -89,6 +94,7 @@ def facts_from_record(record, rank: int | None = None) -> RunFacts:
     workload = getattr(record, "workload", None) or {}
     return RunFacts(
         step_ms=step_ms, kernels=kernels.reset_index(drop=True), tok_per_s=getattr(record, "tok_per_s", None),
+        profiled_step_ms=record.step_ms_median,
         batch_size=getattr(record, "batch_size", None) or workload.get("batch_size"),
         layers=getattr(record, "layers", None) or workload.get("layers"),
         device_name=getattr(record, "device_name", None), peak_gbps=getattr(record, "peak_gbps", None),
@@ -115,9 +121,9 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _fmt_pct(fraction: float) -> str:
+    """'90.4 %': one decimal, as the KPI tiles and tables print shares ('100 %' and beyond whole)."""
     p = 100 * fraction
-    text = f"{p:.0f}" if abs(p) >= 10 else f"{p:.1f}".removesuffix(".0")
-    return f"{text} %"
+    return f"{p:.0f} %" if abs(p) >= 100 else f"{p:.1f} %"
 
 
 def _sentence_start(text: str) -> str:
@@ -348,13 +354,18 @@ def _static_cast_finding(row: Mapping[str, Any], facts: RunFacts, tensor: KnownT
 
 
 def _without_finding(row: Mapping[str, Any], facts: RunFacts) -> Finding:
+    """The step without this kernel: the timed step less the kernel's part of the profiled step
+    (its ms per profiled step over the profiled step), so both figures share one basis."""
     name, ms = str(row["name"]), float(row["ms_per_step"])
-    remaining = facts.step_ms - ms
-    if remaining <= 0:
-        return Finding("without_kernel", f"Its {_fmt_ms(ms)} per step is not less than the {_fmt_ms(facts.step_ms)} "
-                       "step: the kernel figures and the step time come from different measurements.",
-                       {"ms_per_step": ms, "step_ms": facts.step_ms}, name)
-    numbers = {"step_ms": facts.step_ms, "step_ms_without": remaining, "speedup": facts.step_ms / remaining}
+    profiled = _profiled_step_ms(facts)
+    part = ms / profiled
+    if part >= 1:
+        return Finding("without_kernel", f"Its {_fmt_ms(ms)} per step is not less than the {_fmt_ms(profiled)} "
+                       "profiled step: the kernel figures and the step time come from different measurements.",
+                       {"ms_per_step": ms, "step_ms": profiled}, name)
+    remaining = facts.step_ms * (1 - part)
+    numbers = {"step_ms": facts.step_ms, "step_ms_without": remaining, "speedup": facts.step_ms / remaining,
+               "part_of_profiled_step": part}
     text = f"If this kernel went away and nothing else changed, a step would take {_fmt_ms(remaining)} instead of " \
            f"{_fmt_ms(facts.step_ms)}"
     tok_without, tok_now = _tok_per_s_at(facts, remaining), _run_tok_per_s(facts)
@@ -373,15 +384,28 @@ def _without_finding(row: Mapping[str, Any], facts: RunFacts) -> Finding:
     return Finding("without_kernel", text + ".", numbers, name)
 
 
+def _profiled_step_ms(facts: RunFacts) -> float:
+    """The step the kernels' ms per step were measured in: the profiled steps' median."""
+    p = facts.profiled_step_ms
+    return p if _is_number(p) and p > 0 else facts.step_ms
+
+
+def _kernel_share(row: Mapping[str, Any], facts: RunFacts) -> float:
+    """The kernel's share of all kernel time (the kernel table's `share`), else of the profiled step."""
+    share = row.get("share")
+    return float(share) if _is_number(share) else float(row["ms_per_step"]) / _profiled_step_ms(facts)
+
+
 def diagnose_kernel(row: Mapping[str, Any], facts: RunFacts) -> list[Finding]:
     """Every rule about one kernel row of a run: share of the step, calls per layer, bandwidth,
     which tensor its bytes are, a static cast, and the run without it."""
     name = str(row["name"])
     ms, calls = float(row["ms_per_step"]), float(row["calls_per_step"])
-    share = ms / facts.step_ms
-    findings = [Finding("summary", f"{_sentence_start(_describe_kernel(row))} takes {_fmt_ms(ms)} per step, "
-                        f"{_fmt_pct(share)} of the {_fmt_ms(facts.step_ms)} step{_from_source(row)}.",
-                        {"ms_per_step": ms, "step_ms": facts.step_ms, "share_of_step": share}, name)]
+    share, profiled = _kernel_share(row, facts), _profiled_step_ms(facts)
+    findings = [Finding("summary", f"{_sentence_start(_describe_kernel(row))} takes {_fmt_pct(share)} of all "
+                        f"kernel time: {_fmt_ms(ms)} of each {_fmt_ms(profiled)} profiled step{_from_source(row)}.",
+                        {"ms_per_step": ms, "step_ms": facts.step_ms, "profiled_step_ms": profiled,
+                         "share_of_kernel_time": share}, name)]
     n = _times_per_layer(calls, facts.layers)
     if n is not None:
         findings.append(Finding("per_layer", f"It runs {_fmt_count(calls)} times per step: {_per_layer_words(n)} "
@@ -400,7 +424,7 @@ def diagnose_run(facts: RunFacts, min_share: float = 0.10, max_kernels: int = 3)
     kernels = facts.kernels.sort_values("ms_per_step", ascending=False, kind="stable")
     if kernels.empty:
         return []
-    top = kernels[kernels["ms_per_step"] >= min_share * facts.step_ms].head(max_kernels)
+    top = kernels[kernels["ms_per_step"] >= min_share * _profiled_step_ms(facts)].head(max_kernels)
     if top.empty:
         top = kernels.head(1)
     findings = []
@@ -444,7 +468,12 @@ def _kernel_change_sentence(row: Mapping[str, Any], facts_after: RunFacts, facts
     fraction = row.get("fraction_of_change")
     if _is_number(fraction):
         numbers["fraction_of_change"] = fraction
-        text += f", {_fmt_pct(fraction)} of the change"
+        if fraction < 0:  # the kernel moved against the step: a negative share of it reads as nonsense
+            text += ", opposite to the step's change (other time moved further the other way)"
+        elif fraction > 1.05:
+            text += f", more than the whole change ({fraction:.1f}x it: other time moved the other way)"
+        else:
+            text += f", {_fmt_pct(min(fraction, 1.0))} of the change"
     bytes_per_call = row.get("bytes_per_call_after" if ca else "bytes_per_call_before")
     peak_fraction = row.get("peak_fraction_after" if ca else "peak_fraction_before")
     if _is_number(bytes_per_call):
@@ -481,7 +510,8 @@ def diagnose_change(before: RunFacts, after: RunFacts, explanation: Explanation 
     where = f" at commit {at}" if at else ""
     verb = "rose" if rel > 0 else "fell" if rel < 0 else "stayed"
     unit = (lambda v: f"{_fmt_rate(v)} tok/s") if label == "tok/s" else _fmt_ms
-    text = f"{_sentence_start(label)} {verb} {_fmt_pct(abs(rel))}{where} ({unit(vb)} -> {unit(va)}"
+    amount = f"{1 + rel:,.1f}x" if rel >= 1 else _fmt_pct(abs(rel))  # "rose 9.6x", not "rose 860 %"
+    text = f"{_sentence_start(label)} {verb} {amount}{where} ({unit(vb)} -> {unit(va)}"
     if label == "tok/s":
         text += f"; step time {_fmt_ms(before.step_ms)} -> {_fmt_ms(after.step_ms)}"
     worse = rel < 0 if higher_is_better else rel > 0
@@ -538,7 +568,7 @@ def diagnose_patch(unpatched: RunFacts, patched: RunFacts, explanation: Explanat
         text += f" ({_fmt_rate(tok_u)} -> {_fmt_rate(tok_p)} tok/s)"
     if speedup >= min_speedup:
         text += (f": {unpatched.step_ms / patched.step_ms:.2f}x as fast, so it still helps "
-                 f"(at least {_fmt_pct(min_speedup)} needed).")
+                 f"(at least {min_speedup * 100:g} % needed).")
     elif speedup >= 0:
         text += (f": only {_fmt_pct(speedup)} faster, less than the {_fmt_pct(min_speedup)} it must gain; "
                  "it no longer helps.")

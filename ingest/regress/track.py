@@ -41,6 +41,7 @@ def _facts_of(run: dict, kernels: pd.DataFrame) -> RunFacts:
     workload = (run.get("manifest") or {}).get("workload") or run.get("workload") or {}
     step_ms = run.get("timing_ms_median") or run["step_ms_median"]
     return RunFacts(step_ms=step_ms, kernels=kernels, tok_per_s=run["tok_per_s"],
+                    profiled_step_ms=run["step_ms_median"],
                     batch_size=run.get("batch_size") or workload.get("batch_size"), layers=run["layers"],
                     device_name=run["device"], peak_gbps=run["peak_gbps"], workload=workload,
                     commit=run["commit"], variant=run["variant"])
