@@ -34,77 +34,138 @@ def add_commit_labels(trend: pd.DataFrame) -> pd.DataFrame:
     return trend.assign(commit_label=[label_commit(s, t, 28) for s, t in zip(trend["short_sha"], trend["subject"])])
 
 
+def commit_axis_labels(runs: pd.DataFrame) -> list[str]:
+    """The x axis's label of each commit_order (index 0 unused): the short sha, which stays
+    readable at 100 commits (labels that would overlap are dropped; the tooltip has the subject)."""
+    commits = runs.drop_duplicates("commit_order").sort_values("commit_order")
+    out = [""] * (int(commits["commit_order"].max()) + 1 if len(commits) else 1)
+    for order, sha in zip(commits["commit_order"], commits["short_sha"]):
+        out[int(order)] = str(sha)
+    return out
+
+
 def change_markers(runs: pd.DataFrame, changes: pd.DataFrame) -> pd.DataFrame:
     """One row per confirmed change (list_series_changes' frame) whose first bad commit is on
-    the chart (`runs`: add_commit_labels' frame), with its commit label and a one-line summary."""
-    labels = runs.drop_duplicates("sha").set_index("sha")["commit_label"]
-    shown = changes[changes["first_bad_sha"].isin(labels.index)]
+    the chart (`runs`: add_commit_labels' frame), with its commit's place and label and a
+    one-line summary."""
+    commits = runs.drop_duplicates("sha").set_index("sha")
+    shown = changes[changes["first_bad_sha"].isin(commits.index)]
     return pd.DataFrame({
         "metric": shown["metric"], "direction": shown["direction"], "variant": shown["variant"],
-        "commit_label": shown["first_bad_sha"].map(labels), "after_value": shown["after_value"],
+        "commit_order": shown["first_bad_sha"].map(commits["commit_order"]),
+        "commit_label": shown["first_bad_sha"].map(commits["commit_label"]), "after_value": shown["after_value"],
         "change": [describe_change(r) for r in shown.itertuples()],
         "p_value": shown["p_value"], "commits_between": shown["commits_between"],
     })
 
 
-def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_width: int = 860,
-                panel_height: int = 170, log_scale: bool = False) -> alt.VConcatChart:
+TREND_MODES = {"linear": "linear axes", "log": "log axes (tok/s, step ms)",
+               "baseline": "change against each variant's first commit shown"}
+# the fields each mode's baseline divides: (field, the field whose first-commit mean is its baseline)
+_RELATIVE = [("tok_per_s", "tok_per_s"), ("tok_per_s_low", "tok_per_s"), ("tok_per_s_high", "tok_per_s"),
+             ("step_ms", "step_ms"), ("step_ms_p10", "step_ms"), ("step_ms_p90", "step_ms"),
+             ("extra_ms", "extra_ms")]
+
+
+def against_first_commit(runs: pd.DataFrame, markers: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """runs and markers with tok/s, step ms (and their spreads) and extra_ms as the change
+    against each variant's mean at its first commit shown (0.05 = 5 % more)."""
+    runs = runs.copy()
+    first = runs[runs["commit_order"] == runs.groupby("variant")["commit_order"].transform("min")]
+    bases = {field: first.groupby("variant")[field].mean() for field in {b for _, b in _RELATIVE} if field in runs}
+    for field, base in _RELATIVE:
+        if field in runs and base in bases:
+            runs[field] = runs[field] / runs["variant"].map(bases[base]) - 1
+    markers = markers.copy()
+    for metric in ("tok_per_s", "step_ms"):
+        mine = markers["metric"] == metric
+        markers.loc[mine, "after_value"] = (markers.loc[mine, "after_value"]
+                                            / markers.loc[mine, "variant"].map(bases[metric]) - 1)
+    return runs, markers.dropna(subset=["after_value"])
+
+
+def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_width: int = 600,
+                panel_height: int = 96, mode: str = "linear", extra: pd.DataFrame | None = None,
+                extra_title: str = "") -> alt.VConcatChart:
     """tok/s (with the p10..p90 step spread as error bars), copy-kernel share and step ms, one
-    line per variant, on one commit axis in first-parent order. Each point is a run; a line
-    goes through the mean of a commit's runs. Clicking a tok/s point selects its run. Each
-    confirmed change of the panel's metric (`changes`: list_series_changes' frame) is a rule at
-    its first bad commit with a diamond at its value after, red for a regression and green for
-    an improvement. `log_scale`: tok/s and step ms on log axes, so that a 7 ms variant and a
-    74 ms one both show their changes (equal ratios, equal heights)."""
+    line per variant, on one commit axis in first-parent order (the x axis is the commit's
+    place, labelled by commit_axis_labels; drag or scroll to zoom it, double-click to reset).
+    Each point is a run; a line goes through the mean of a commit's runs. Clicking a tok/s
+    point selects its run. Each confirmed change of the panel's metric (`changes`:
+    list_series_changes' frame) is a rule at its first bad commit with a diamond at its value
+    after, red for a regression and green for an improvement, drawn under the points.
+
+    `mode` (TREND_MODES): linear axes; log axes for tok/s and step ms (a 7 ms variant and a
+    74 ms one both show their changes: equal ratios, equal heights); or each variant as the
+    change against its own first commit shown. `extra` (run_id, ms_per_step; get_trend_breakdown)
+    adds a fourth panel, one category's or one kernel's ms per step."""
     runs = add_commit_labels(trend)
-    order = runs.drop_duplicates("commit_order").sort_values("commit_order")["commit_label"].tolist()
+    if extra is not None:
+        runs = runs.merge(extra.rename(columns={"ms_per_step": "extra_ms"}), on="run_id", how="left")
     markers = change_markers(runs, changes) if changes is not None else change_markers(runs, _NO_CHANGES)
+    relative = mode == "baseline"
+    if relative:
+        runs, markers = against_first_commit(runs, markers)
+    labels = commit_axis_labels(runs)
+    label_expr = "[" + ", ".join(repr(v) for v in labels) + "][datum.value] || ''"
     pick = alt.selection_point(name=PICK_RUN, fields=["run_id"], on="click", clear="dblclick")
+    zoom = alt.selection_interval(name="zoom", bind="scales", encodings=["x"])
     tooltip = [alt.Tooltip("short_sha:N", title="commit"), alt.Tooltip("subject:N", title="subject"),
                alt.Tooltip("committed_at:T", title="date", format="%Y-%m-%d %H:%M"),
                alt.Tooltip("author:N", title="author"), alt.Tooltip("variant:N", title="variant"),
-               alt.Tooltip("tok_per_s:Q", title="tok/s", format=",.2f"),
-               alt.Tooltip("step_ms:Q", title="step ms", format=",.3f"),
+               alt.Tooltip("tok_per_s:Q", title="tok/s" + (" vs first" if relative else ""),
+                           format="+.1%" if relative else ",.2f"),
+               alt.Tooltip("step_ms:Q", title="step ms" + (" vs first" if relative else ""),
+                           format="+.1%" if relative else ",.3f"),
                alt.Tooltip("copy_share:Q", title="copy share", format=".1%"),
                alt.Tooltip("run_id:Q", title="run")]
+    if extra is not None:
+        tooltip.insert(-1, alt.Tooltip("extra_ms:Q", title=extra_title, format="+.1%" if relative else ",.3f"))
     change_tooltip = [alt.Tooltip("direction:N", title="confirmed"), alt.Tooltip("change:N", title="change"),
                       alt.Tooltip("variant:N", title="variant"), alt.Tooltip("commit_label:N", title="first bad"),
                       alt.Tooltip("commits_between:Q", title="unmeasured commits before"),
                       alt.Tooltip("p_value:Q", title="p", format=".2g")]
     colour = alt.Color("variant:N", title="variant", scale=alt.Scale(scheme="tableau10"),
-                       legend=alt.Legend(orient="top"))
+                       legend=alt.Legend(orient="right", labelLimit=110))
+    domain = [float(runs["commit_order"].min()) - 0.5, float(runs["commit_order"].max()) + 0.5] if len(runs) else [0, 1]
 
     def panel(field: str, title: str, axis_format: str, spread: tuple[str, str] | None, bottom: bool,
-              selectable: bool = False) -> alt.LayerChart:
-        x = alt.X("commit_label:N", sort=order, title="commit (first-parent order)" if bottom else None,
-                  axis=alt.Axis(labelAngle=-40, labelLimit=240) if bottom else alt.Axis(labels=False, ticks=False))
+              selectable: bool = False, ratio: bool = True) -> alt.LayerChart:
+        x = alt.X("commit_order:Q", title="commit (first-parent order; drag or scroll to zoom)" if bottom else None,
+                  scale=alt.Scale(domain=domain, nice=False, zero=False),
+                  axis=alt.Axis(labelExpr=label_expr, labelAngle=-40, labelLimit=240, tickMinStep=1,
+                                labelOverlap="greedy", grid=False) if bottom
+                  else alt.Axis(labels=False, ticks=False, grid=False, tickMinStep=1))
         base = alt.Chart(runs).encode(x=x, color=colour)
-        scale = alt.Scale(type="log" if log_scale and field != "copy_share" else "linear",
-                          zero=False if log_scale else alt.Undefined)
+        log = mode == "log" and ratio
+        scale = alt.Scale(type="log" if log else "linear", zero=False if (log or relative) else alt.Undefined)
+        fmt = "+.0%" if relative and ratio else axis_format
         line = base.mark_line(strokeWidth=2).encode(y=alt.Y(f"mean({field}):Q", title=title, scale=scale,
-                                                            axis=alt.Axis(format=axis_format)))
-        points = base.mark_point(filled=True, size=70).encode(y=alt.Y(f"{field}:Q", scale=scale), tooltip=tooltip)
+                                                            axis=alt.Axis(format=fmt)))
+        points = base.mark_point(filled=True, size=60).encode(y=alt.Y(f"{field}:Q", scale=scale), tooltip=tooltip)
         if selectable:
-            points = points.encode(size=alt.condition(pick, alt.value(110), alt.value(70))).add_params(pick)
+            points = points.encode(size=alt.condition(pick, alt.value(100), alt.value(60))).add_params(pick, zoom)
         layers = [line, points]
         if spread is not None:
             layers.insert(0, base.mark_rule(strokeWidth=2, opacity=0.6).encode(
                 y=alt.Y(f"{spread[0]}:Q", scale=scale), y2=alt.Y2(f"{spread[1]}:Q"), tooltip=tooltip))
         mine = markers[markers["metric"] == field]
-        if len(mine):
+        if len(mine):  # drawn first, under the runs' points, so that a click on a point still opens its run
             marked = alt.Chart(mine).encode(
                 x=x, color=alt.condition(alt.datum.direction == "regression", alt.value(REGRESSION_COLOUR),
                                          alt.value(IMPROVEMENT_COLOUR)), tooltip=change_tooltip)
-            layers += [marked.mark_rule(strokeDash=[6, 3], strokeWidth=2),
-                       marked.mark_point(shape="diamond", filled=True, size=140).encode(
-                           y=alt.Y("after_value:Q", scale=scale))]
+            layers[:0] = [marked.mark_rule(strokeDash=[6, 3], strokeWidth=2),
+                          marked.mark_point(shape="diamond", filled=True, size=160).encode(
+                              y=alt.Y("after_value:Q", scale=scale))]
         return alt.layer(*layers).properties(width=panel_width, height=panel_height)
 
-    return alt.vconcat(
-        panel("tok_per_s", "decode tok/s", ",.1f", ("tok_per_s_low", "tok_per_s_high"), False, selectable=True),
-        panel("copy_share", "copy-kernel share", ".0%", None, False),
-        panel("step_ms", "step ms", ",.2f", ("step_ms_p10", "step_ms_p90"), True),
-    ).resolve_scale(color="shared")
+    vs = " vs first" if relative else ""
+    panels = [panel("tok_per_s", "tok/s" + vs, ",.1f", ("tok_per_s_low", "tok_per_s_high"), False, selectable=True),
+              panel("copy_share", "copy share", ".0%", None, False, ratio=False),
+              panel("step_ms", "step ms" + vs, ",.2f", ("step_ms_p10", "step_ms_p90"), extra is None)]
+    if extra is not None:
+        panels.append(panel("extra_ms", (extra_title[:24] + vs) or "ms/step", ",.3f", None, True))
+    return alt.vconcat(*panels).resolve_scale(color="shared", x="shared")
 
 
 def step_breakdown_chart(breakdown: pd.DataFrame) -> alt.Chart:
@@ -130,31 +191,54 @@ def category_mean_chart(means: pd.DataFrame) -> alt.Chart:
 
 def change_rows(diff: pd.DataFrame) -> pd.DataFrame:
     """get_category_diff's frame as the rows of a change chart: the whole step's change first
-    ("step", B - A), then each category's, largest change first; `label` is the signed ms."""
+    ("step", B - A), then each category's, largest change first; `label` is the signed ms.
+    Each category with step-to-step spreads on both sides gets `low`/`high`, the 95 % interval
+    of its change (Welch, over the profiled steps), and `noise`: whether that interval holds 0
+    (the change is within the steps' noise); the label says so."""
+    from ingest.regress.uncertainty import welch_interval
+
     total = float(diff["delta_ms_per_step"].sum())
     rows = pd.DataFrame({"part": ["step"] + diff["category"].tolist(),
                          "delta_ms": [total] + diff["delta_ms_per_step"].astype(float).tolist()})
     rows["kind"] = ["total"] + ["slower" if d > 0 else "faster" if d < 0 else "same" for d in rows["delta_ms"][1:]]
-    rows["label"] = [f"{d:+,.3f} ms" for d in rows["delta_ms"]]
+    lows, highs = [None], [None]
+    for r in diff.itertuples():
+        known = all(c in diff.columns for c in ("a_sd_ms", "b_sd_ms", "a_steps", "b_steps")) and \
+            pd.notna(r.a_steps) and pd.notna(r.b_steps) and min(r.a_steps, r.b_steps) >= 2
+        low, high, _ = welch_interval(r.a_ms_per_step, r.a_sd_ms, int(r.a_steps), r.b_ms_per_step, r.b_sd_ms,
+                                      int(r.b_steps)) if known else (None, None, None)
+        lows.append(low)
+        highs.append(high)
+    rows["low"], rows["high"] = pd.array(lows, dtype="Float64"), pd.array(highs, dtype="Float64")
+    rows["noise"] = [bool(lo <= 0 <= hi) if pd.notna(lo) else False for lo, hi in zip(rows["low"], rows["high"])]
+    rows["label"] = [f"{d:+,.3f} ms" + (" (noise)" if n else "") for d, n in zip(rows["delta_ms"], rows["noise"])]
     return rows
 
 
 def change_chart(rows: pd.DataFrame) -> alt.LayerChart:
     """Signed bars of change_rows' ms from zero (a change of 0.01 ms is as visible as its share
-    of the largest), each labelled with its value: red slower, green faster, the step grey."""
+    of the largest), each labelled with its value: red slower, green faster, the step grey; a
+    black whisker spans each category's 95 % interval, and a change whose interval holds 0 is
+    drawn pale."""
     order = rows["part"].tolist()
+    rows = rows.assign(shade=[("noise" if n else k) for k, n in zip(rows["kind"], rows["noise"])],
+                       low=rows["low"].astype(float), high=rows["high"].astype(float))
     base = alt.Chart(rows).encode(
         y=alt.Y("part:N", sort=order, title=None),
         tooltip=[alt.Tooltip("part:N", title="step part"),
-                 alt.Tooltip("delta_ms:Q", title="change, ms", format="+,.3f")])
+                 alt.Tooltip("delta_ms:Q", title="change, ms", format="+,.3f"),
+                 alt.Tooltip("low:Q", title="95 % interval from", format="+,.3f"),
+                 alt.Tooltip("high:Q", title="95 % interval to", format="+,.3f")])
     bars = base.mark_bar(size=18).encode(
         x=alt.X("delta_ms:Q", title="change in ms per profiled step (B - A)"),
-        color=alt.Color("kind:N", title=None, legend=None,
-                        scale=alt.Scale(domain=["total", "slower", "faster", "same"],
-                                        range=["#8c8c8c", "#d62728", "#2ca02c", "#bdbdbd"])))
+        color=alt.Color("shade:N", title=None, legend=None,
+                        scale=alt.Scale(domain=["total", "slower", "faster", "same", "noise"],
+                                        range=["#8c8c8c", "#d62728", "#2ca02c", "#bdbdbd", "#e0e0e0"])))
+    whiskers = base.transform_filter("isValid(datum.low)").mark_rule(color="black", strokeWidth=1.5).encode(
+        x="low:Q", x2="high:Q")
     text = base.mark_text(align="left", dx=4).encode(
         x=alt.value(4), text=alt.Text("label:N"))  # at the left edge: readable whatever the bar's sign
-    return alt.layer(bars, text).properties(height=alt.Step(26))
+    return alt.layer(bars, whiskers, text).properties(height=alt.Step(26))
 
 
 def variant_chart(matrix: pd.DataFrame, a_label: str, b_label: str) -> alt.Chart:

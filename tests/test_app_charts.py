@@ -2,6 +2,7 @@
 filter, trace files for Perfetto, and the form's plan of jobs. Frames come from db.views on the
 fixture database, so the charts are checked on the data they will draw."""
 
+import ast
 import subprocess
 
 import pandas as pd
@@ -34,18 +35,25 @@ def frames(dashboard_db):  # noqa: F811
 def test_trend_chart_three_panels_on_one_commit_axis(frames):
     spec = charts.trend_chart(frames["trend"]).to_dict()
     tok, share, step = spec["vconcat"]
-    order = ["b9bba77 kernels: reference MLA deco…", "3bee539 kernels: whole-row gather-c…",
-             "3cf1671 kernels: time gather kernel…"]
+    # one quantitative commit axis (the commit's place in first-parent order), shared by the
+    # panels and labelled by short sha; the tok/s panel carries the zoom (scales bound to x)
     for panel in (tok, share, step):
-        assert [layer["encoding"]["x"]["sort"] for layer in panel["layer"]] == [order] * len(panel["layer"])
+        assert {layer["encoding"]["x"]["field"] for layer in panel["layer"]} == {"commit_order"}
         assert all(layer["encoding"]["color"]["field"] == "variant" for layer in panel["layer"])
+    assert spec["resolve"]["scale"]["x"] == "shared"
+    axis = step["layer"][1]["encoding"]["x"]["axis"]
+    assert axis["labelExpr"] == "['', 'b9bba77', '3bee539', '3cf1671'][datum.value] || ''"
+    assert step["layer"][1]["encoding"]["x"]["scale"]["domain"] == [0.5, 3.5]
+    assert tok["layer"][1]["encoding"]["x"]["axis"]["labels"] is False  # only the bottom panel is labelled
     band, line, points = tok["layer"]
     assert (band["mark"]["type"], band["encoding"]["y"]["field"], band["encoding"]["y2"]["field"]) == (
         "rule", "tok_per_s_low", "tok_per_s_high")
     assert (line["encoding"]["y"]["field"], line["encoding"]["y"]["aggregate"]) == ("tok_per_s", "mean")
-    pick = spec["params"][0]  # Altair lifts a compound chart's selection to the top, naming its view
+    pick, zoom = spec["params"]  # Altair lifts a compound chart's selections to the top, naming their view
     assert (pick["name"], pick["select"]["fields"], pick["select"]["on"], pick["views"]) == (
         charts.PICK_RUN, ["run_id"], "click", [points["name"]])
+    assert (zoom["name"], zoom["bind"], zoom["select"]["encodings"], zoom["views"]) == (
+        "zoom", "scales", ["x"], [points["name"]])
     assert [layer["encoding"]["y"]["field"] for layer in share["layer"]] == ["copy_share", "copy_share"]
     assert step["layer"][0]["encoding"]["y"]["field"] == "step_ms_p10"
     assert {t["title"] for t in points["encoding"]["tooltip"]} >= {"date", "author", "subject", "commit"}
@@ -71,9 +79,18 @@ def test_the_change_chart_shows_each_change_from_zero_with_its_value(frames):
     assert rows.iloc[0].delta_ms == pytest.approx(rows["delta_ms"][1:].sum())  # the step's change is the sum
     assert rows.iloc[1].delta_ms == pytest.approx(8.244011 - 75.471389, abs=1e-5)  # the cast kernel went away
     assert rows.iloc[1].label == "-67.227 ms" and rows.iloc[-1].label.startswith("+0.0")
-    bars, text = charts.change_chart(rows).to_dict()["layer"]
+    # each category carries the 95 % interval of its change over the two profiled steps a side;
+    # the cast kernel's 67 ms is far outside its noise, and a change whose interval holds 0 says so
+    cast = rows.iloc[1]
+    assert cast.low < cast.delta_ms < cast.high < 0 and not cast.noise
+    assert pd.isna(rows.iloc[0].low)  # the step itself: its verdict is the headline's
+    for r in rows.iloc[1:].itertuples():
+        assert r.noise == (r.low <= 0 <= r.high) and r.label.endswith(" (noise)") == r.noise
+    bars, whiskers, text = charts.change_chart(rows).to_dict()["layer"]
     assert bars["encoding"]["x"]["field"] == "delta_ms" and "scale" not in bars["encoding"]["x"]  # from zero
     assert bars["encoding"]["y"]["sort"] == rows["part"].tolist()
+    assert "noise" in bars["encoding"]["color"]["scale"]["domain"]
+    assert (whiskers["encoding"]["x"]["field"], whiskers["encoding"]["x2"]["field"]) == ("low", "high")
     assert text["encoding"]["text"]["field"] == "label"
 
 
@@ -92,7 +109,10 @@ def test_labels():
     assert describe_workload(None) == describe_workload(float("nan")) == "no workload recorded"
     assert label_commit("3bee539", "kernels: whole-row gather-cast (512+64 tiles)", 20) == \
         "3bee539 kernels: whole-row …"
-    assert (format_change(13.4938, 129.5358), format_change(0, 1), format_change(None, 1)) == ("+860.0 %", "—", "—")
+    # from doubling on, a factor ("9.6x", not "+860.0 %"); below, a percent
+    assert (format_change(13.4938, 129.5358), format_change(0, 1), format_change(None, 1)) == ("9.6x", "—", "—")
+    assert (format_change(100, 199), format_change(100, 200), format_change(129.5, 13.49)) == (
+        "+99.0 %", "2.0x", "-89.6 %")
     assert (format_percent(0.9057895), format_percent(None)) == ("90.6 %", "—")
 
 
@@ -153,10 +173,10 @@ def test_trend_chart_marks_the_first_bad_commit_of_each_change(dashboard_db):  #
     tok, share, step = spec["vconcat"]
     assert len(share["layer"]) == 2  # no copy-share change: no marker
     for panel, value in ((tok, 13.62), (step, 73.418)):
-        rule, diamond = panel["layer"][-2:]
+        rule, diamond = panel["layer"][:2]  # under the points, which stay clickable
         assert (rule["mark"]["type"], rule["mark"]["strokeDash"], diamond["mark"]["shape"]) == ("rule", [6, 3],
                                                                                                "diamond")
-        assert rule["encoding"]["x"]["field"] == "commit_label" and "y" not in rule["encoding"]
+        assert rule["encoding"]["x"]["field"] == "commit_order" and "y" not in rule["encoding"]
         assert rule["encoding"]["color"] == {"condition": {"test": "(datum.direction === 'regression')",
                                                            "value": charts.REGRESSION_COLOUR},
                                              "value": charts.IMPROVEMENT_COLOUR}
@@ -164,8 +184,8 @@ def test_trend_chart_marks_the_first_bad_commit_of_each_change(dashboard_db):  #
         (row,) = _data_of(spec, rule)
         assert row["commit_label"] == "9f8e7d6 decode: switch the KV strat…" and row["direction"] == "regression"
         assert round(row["after_value"], 2 if panel is tok else 3) == value
-    assert _data_of(spec, tok["layer"][-1])[0]["change"] == "tok/s -89.9 % (135.44 tok/s -> 13.62 tok/s)"
-    assert [t["field"] for t in tok["layer"][-1]["encoding"]["tooltip"]] == [
+    assert _data_of(spec, tok["layer"][1])[0]["change"] == "tok/s -89.9 % (135.44 tok/s -> 13.62 tok/s)"
+    assert [t["field"] for t in tok["layer"][1]["encoding"]["tooltip"]] == [
         "direction", "change", "variant", "commit_label", "commits_between", "p_value"]
 
 
@@ -187,3 +207,33 @@ def test_rank_balance_splits_each_ranks_step():
     spec = charts.rank_balance_chart(parts).to_dict()
     assert spec["encoding"]["x"]["stack"] == "zero" and spec["encoding"]["y"]["field"] == "rank"
     assert spec["encoding"]["color"]["scale"]["domain"][2] == "waiting for the last rank"
+
+
+def test_the_perfetto_button_carries_the_trace_and_no_markup_from_the_data():
+    import base64
+    import re as regex
+
+    from app.perfetto import PERFETTO_URL, perfetto_button_html
+
+    trace = (SAMPLES / "demo-d445ae3-1-glm5-graph" / "trace.json.gz").read_bytes()
+    page = perfetto_button_html(trace, 'stepwatch </script><img src="http://127.0.0.1:9/x">', "run1-x.json.gz")
+    payload = regex.search(r'const b64 = "([A-Za-z0-9+/=]*)";', page).group(1)
+    assert base64.b64decode(payload) == trace
+    assert page.count("</script>") == 1 and "<img" not in page  # the title cannot close the script
+    assert f'"url": "{PERFETTO_URL}"' in page and 'ui.postMessage("PING", args.url)' in page
+
+
+def test_a_hundred_commits_are_labelled_by_short_sha_without_overlap(frames):
+    # this repository's last 100 first-parent commits under the fixture's runs (one run each):
+    # the axis names each by its 7-character sha and drops labels that would overlap
+    log = subprocess.run(["git", "log", "--first-parent", "-100", "--format=%H\t%s"], capture_output=True,
+                         text=True, check=True, cwd=SAMPLES.parent.parent).stdout.splitlines()
+    run = frames["trend"].iloc[0]
+    trend = pd.DataFrame([{**run.to_dict(), "sha": sha, "short_sha": sha[:7], "subject": subject,
+                           "commit_order": len(log) - i, "run_id": 1000 + i}
+                          for i, (sha, subject) in enumerate(line.split("\t", 1) for line in log)])
+    spec = charts.trend_chart(trend).to_dict()
+    axis = spec["vconcat"][2]["layer"][1]["encoding"]["x"]["axis"]
+    labels = ast.literal_eval(axis["labelExpr"].split("[datum.value]")[0])  # the label list, as a literal
+    assert len(labels) == len(log) + 1 and all(len(label) == 7 for label in labels[1:])
+    assert labels[-1] == log[0][:7] and axis["labelOverlap"] == "greedy"

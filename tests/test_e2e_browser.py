@@ -1,9 +1,10 @@
 """End to end in a real browser: Debian's headless chromium (through Playwright) against
 `streamlit run app/main.py` on a fresh database loaded with the sample runs
-(`python -m ingest samples`) and a worker (`python -m ingest worker`). It opens every page,
-clicks a point of the trend, starts two tiny CPU runs from the form, waits for them to finish
-and appear, and opens their comparison. Screenshots go to tests/artifacts/e2e/ (ignored by git;
-the path is printed). Skipped where chromium is not installed, except in CI (CI=true), where a
+(`python -m ingest samples`) and a worker (`python -m ingest worker`). It walks the three jobs:
+open a run from a trend (the landing's regression), compare two commits (from Regressions, the
+regression's pair), queue runs from the form, wait for them to finish and appear, and compare
+them. Screenshots of each page at 1500x1100 and 1280x800 go to tests/artifacts/e2e/ (ignored by
+git; the path is printed). Skipped where chromium is not installed, except in CI (CI=true), where a
 missing browser fails: .ci/run installs it with scripts/install_browser.sh."""
 
 from __future__ import annotations
@@ -118,12 +119,22 @@ def page(dashboard):
     print(f"\nscreenshots: {SHOTS}")
 
 
-def _shot(page, name: str, charts: int = 0) -> None:
-    """A full-page screenshot once the page's `charts` Altair charts have drawn their marks."""
+SIZES = ((1500, 1100), (1280, 800))  # a desktop and a laptop screen; each page is shot at both
+
+
+def _shot(page, name: str, charts: int = 0, focus: str | None = None) -> None:
+    """Screenshots of what the screen shows (Streamlit scrolls inside its own container), at each
+    of SIZES, once the page's `charts` Altair charts have drawn their marks; scrolled to the text
+    `focus` when given (else the page's top)."""
     for i in range(charts):
         page.locator('[data-testid="stVegaLiteChart"]').nth(i).locator('[role="graphics-symbol"]').first.wait_for()
-    page.wait_for_timeout(300)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        if focus:
+            page.get_by_text(focus).first.scroll_into_view_if_needed()
+        page.wait_for_timeout(400)
+        page.screenshot(path=str(SHOTS / f"{name}-{width}x{height}.png"))
+    page.set_viewport_size({"width": SIZES[0][0], "height": SIZES[0][1]})
 
 
 def _text(page) -> str:
@@ -135,31 +146,80 @@ def _run_of(db: Path, job_id: int) -> int:
         return store.get_job(job_id, with_log=False)["run_id"]
 
 
+# ui.perfetto.dev cannot be reached from here: this page answers for it, speaking Perfetto's
+# postMessage protocol (PING -> PONG, then {perfetto: {buffer, title, fileName}}), and keeps what
+# it was sent for the test to check
+PERFETTO_STAND_IN = """<html><head><title>waiting</title></head><body><script>
+window.received = null;
+window.addEventListener("message", (e) => {
+  if (e.data === "PING") { e.source.postMessage("PONG", "*"); return; }
+  const p = e.data && e.data.perfetto;
+  if (!p) return;
+  window.received = {bytes: p.buffer.byteLength, title: p.title, fileName: p.fileName,
+                     head: Array.from(new Uint8Array(p.buffer.slice(0, 2)))};
+  document.title = "received";
+});
+</script></body></html>"""
+
+
+def _open_in_perfetto(page, db: Path) -> None:
+    """Click the Run page's Open in Perfetto and check the new tab gets the run's trace, byte for byte."""
+    page.context.route("https://ui.perfetto.dev/**", lambda route: route.fulfill(
+        status=200, content_type="text/html", body=PERFETTO_STAND_IN))
+    run_id = int(re.search(r"run=(\d+)", page.url).group(1))
+    with open_db(db, read_only=True) as store:
+        source = Path(store.con.execute("SELECT source_path FROM runs WHERE run_id = ?", [run_id]).fetchone()[0])
+    trace = (source / "trace.json.gz").read_bytes()
+    with page.context.expect_page() as opened:
+        page.frame_locator("iframe").first.get_by_role("button", name="Open in Perfetto (new tab)").click()
+    perfetto = opened.value
+    perfetto.wait_for_function("() => document.title === 'received'", timeout=30_000)
+    got = perfetto.evaluate("() => window.received")
+    assert got["bytes"] == len(trace) and got["head"] == [0x1F, 0x8B]  # the gzip'd trace as it is on disk
+    assert got["fileName"].startswith(f"run{run_id}-d445ae3-default-trace.json.gz")
+    perfetto.close()
+    page.context.unroute("https://ui.perfetto.dev/**")
+
+
 def test_every_page_a_cpu_run_from_the_form_and_its_comparison(dashboard, page):
     base, db = dashboard
 
+    # job 1: the landing tells the story (the sample series with a real regression and its fix),
+    # and a point of the trend opens its run, whose diagnosis names the cast kernel
     page.goto(base + "/")
-    page.get_by_text(re.compile(r"\d+ runs at \d+ commits")).wait_for()
+    page.get_by_text(re.compile(r"12 runs at 6 commits")).wait_for()
+    page.get_by_text("Run-to-run spread: runs of the same commit differ by 2.8 %").wait_for()  # under the chart
     assert GLM5_GRAPH in _text(page)
     _shot(page, "1-trends", charts=1)
 
-    point = page.locator('[aria-roledescription="point"][aria-label*="tok_per_s:"]'
-                         '[aria-label*="variant: full-pool-cast; commit: 3bee539"]')
+    point = page.locator('[aria-roledescription="point"][aria-label*="tok_per_s:"][aria-label*="commit: d445ae3"]')
     point.first.wait_for()
     box = point.first.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # clicking a point opens its run
     page.wait_for_url(re.compile(r"/run\?run=\d+"))
-    download = re.compile(r"Download run\d+-3bee539-full-pool-cast-trace\.json\.gz")
+    download = re.compile(r"Download run\d+-d445ae3-default-trace\.json\.gz")
     page.get_by_text(download).wait_for()  # the page's last element
     text = _text(page)
-    assert "90.6 %" in text and "98.9 %" in text and "3bee539" in text  # busy share of the GPU step time
-    assert "ui.perfetto.dev" in text
-    _shot(page, "2-run-glm5-full-pool-cast", charts=2)
+    assert "d445ae3" in text and "78 times per step: once per layer" in text and "% of all kernel time" in text
+    assert "Open in Perfetto sends the trace" in text
+    _shot(page, "2-run-d445ae3-regression", charts=2)
+    _open_in_perfetto(page, db)
+
+    # job 2: the two commits around the regression side by side, each delta with its noise
+    page.goto(base + "/regressions?direction=regression&kind=speed")
+    page.get_by_text("First bad commit").first.wait_for()
+    _shot(page, "3-regressions")
+    page.get_by_role("link", name="Compare the last good and the first bad run").first.click()
+    page.wait_for_url(re.compile(r"/compare\?"))
+    page.get_by_text(re.compile(r"kernels \(matched by name and launcher op\)")).wait_for()
+    text = _text(page)
+    assert "Changed: step time 9.8x" in text and "Run-to-run spread: 2.8 %" in text
+    _shot(page, "4-compare-the-regression", charts=2)
 
     page.goto(base + "/compare")
     page.get_by_text("Every variant at both commits").wait_for()
-    page.get_by_text("Kernels that changed").wait_for()
-    _shot(page, "3-compare-commits", charts=2)
+    page.get_by_text(re.compile(r"kernels \(matched by name and launcher op\)")).wait_for()
+    _shot(page, "5-compare-default", charts=2)
 
     page.goto(base + "/run_benchmark")
     page.get_by_role("button", name="Queue").wait_for()
@@ -169,12 +229,12 @@ def test_every_page_a_cpu_run_from_the_form_and_its_comparison(dashboard, page):
     page.keyboard.press("Escape")
     page.get_by_role("button", name="Queue").click()
     page.get_by_text(re.compile(r"Queued 2 jobs \(1, 2\)")).wait_for()
-    _shot(page, "4-benchmark-queued")
+    _shot(page, "6-benchmark-queued", focus="Queued 2 jobs")
 
     page.wait_for_function("() => !/· (queued|running) ·/.test(document.body.innerText)"
                            " && document.body.innerText.includes('Finished jobs')", timeout=240_000)
     assert "failed (" not in _text(page), _text(page)
-    _shot(page, "5-benchmark-finished")
+    _shot(page, "7-benchmark-finished", focus="Finished jobs")
 
     cast_run, fused_run = _run_of(db, 1), _run_of(db, 2)
     assert cast_run and fused_run
@@ -186,11 +246,11 @@ def test_every_page_a_cpu_run_from_the_form_and_its_comparison(dashboard, page):
     # a job's bundle is offered for download while it is on disk; the worker works in a temporary
     # directory, so today its bundle is gone once imported and the page says so in a sentence
     assert re.search(r"Download run\d+-\w+-fused-trace\.json\.gz", text) or "is no longer on this machine" in text
-    _shot(page, "6-run-new-cpu-run", charts=2)
+    _shot(page, "8-run-new-cpu-run", charts=2)
 
     page.goto(f"{base}/compare?by=runs&a={cast_run}&b={fused_run}")
     page.get_by_text(re.compile(r"kernels \(matched by name and launcher op\)")).wait_for()
     text = _text(page)
     assert f"run {cast_run} ·" in text and f"run {fused_run} ·" in text
     assert "different workloads" not in text  # the same tiny CPU workload, two KV strategies
-    _shot(page, "7-compare-new-runs", charts=1)
+    _shot(page, "9-compare-new-runs", charts=1)

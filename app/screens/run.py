@@ -1,12 +1,14 @@
 """Run: one run's figures, where its step time goes, its kernels, its job's log and its trace."""
 
 import streamlit as st
+import streamlit.components.v1 as components
 
 from app import charts, data
 from app.kpis import show_rank_balance, show_run_kpis
 from app.labels import describe_run, describe_workload
 from app.markdown_text import format_findings, format_markdown
-from app.tables import filter_rows, kernel_columns
+from app.perfetto import PERFETTO_INLINE_MB, perfetto_button_html
+from app.tables import as_percent, filter_rows, kernel_columns
 from app.traces import download_name, list_trace_files, read_bytes_later
 from app.widgets import quote_url_value, read_int_param, select_in_url
 from db import views
@@ -75,7 +77,7 @@ st.subheader("Kernels")
 needle = st.text_input("Filter kernels", placeholder="name, category, launcher op or source line")
 shown = filter_rows(kernels, needle, ["name", "category", "launcher", "source"])
 st.caption(f"{len(shown)} of {len(kernels)} kernels, the most time first; click a column to sort.")
-st.dataframe(shown, hide_index=True, column_config=kernel_columns())
+st.dataframe(as_percent(shown), hide_index=True, column_config=kernel_columns())
 
 if job is not None:
     with st.expander(format_markdown("Log of job {} ({}): {}", job["job_id"], job["status"], job["label"])):
@@ -89,6 +91,9 @@ for path in traces:
     name = download_name(run_id, run["sha"], run["variant"], path.name)
     st.download_button(format_markdown("Download {}", name), read_bytes_later(path), file_name=name,
                        mime="application/octet-stream", icon=":material/download:", key=f"trace_{path}")
+    if path.stat().st_size <= PERFETTO_INLINE_MB << 20:
+        components.html(perfetto_button_html(path.read_bytes(), f"stepwatch {name}", name), height=46)
 if traces:
-    st.caption("Open the downloaded file at ui.perfetto.dev (Open trace file) to see each step's kernels "
-               "on a timeline.")
+    st.caption(f"Open in Perfetto sends the trace from this page to ui.perfetto.dev in a new tab (your browser "
+               f"to Perfetto's page, nothing uploaded; traces up to {PERFETTO_INLINE_MB} MB); or open the "
+               "downloaded file there (Open trace file) to see each step's kernels on a timeline.")

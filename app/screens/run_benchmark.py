@@ -8,7 +8,7 @@ import streamlit as st
 from app import data, spec_inputs
 from app.job_form import plan_jobs
 from app.markdown_text import format_markdown
-from app.tables import link_runs, run_columns
+from app.tables import as_percent, link_runs, run_columns
 from db import views
 from ingest.runs.errors import RunError
 from ingest.runs.spec import load_config
@@ -102,7 +102,7 @@ def show_jobs() -> None:
                                          job.error))
         table = done.assign(open=link_runs(done["run_id"]),
                             why=[_why(k, e) for k, e in zip(done["error_kind"], done["error"])])
-        st.dataframe(table, hide_index=True, column_order=["job_id", "status", "label", "open", "tok_per_s",
+        st.dataframe(as_percent(table), hide_index=True, column_order=["job_id", "status", "label", "open", "tok_per_s",
                                                            "why", "finished_at"],
                      column_config={**run_columns(), "job_id": "job", "why": "error", "finished_at":
                                     st.column_config.DatetimeColumn("finished", format="YYYY-MM-DD HH:mm:ss")})

@@ -5,9 +5,11 @@ import streamlit as st
 from app import charts, data
 from app.labels import describe_workload
 from app.markdown_text import format_markdown
-from app.tables import link_runs, run_columns
+from app.tables import as_percent, link_runs, run_columns
 from app.widgets import select_in_url
 from db import views
+from ingest.regress.detect import MIN_REL_CHANGE
+from ingest.regress.diagnose import shorten_kernel_name
 
 
 def choose_series(series):
@@ -39,7 +41,15 @@ def choose_series(series):
     return repo, engine, device, workload_id, last, keys
 
 
-SCALES = {"linear": "linear axes", "log": "log axes (tok/s, step ms)"}
+
+
+def describe_breakdown(what: str, limit: int = 80) -> str:
+    """'category cast' or 'kernel unrolled_elementwise_kernel<…>' for a list_trend_breakdowns value."""
+    kind, _, name = what.partition(":")
+    text = f"{kind} {shorten_kernel_name(name) if kind == 'kernel' else name} (ms/step)"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 NO_GPU = "none recorded (CPU runs, or traces without GPU properties)"
 
 
@@ -59,6 +69,8 @@ with data.reading():  # one wait for writers: the series, then the chosen series
         trend, changes = data.load_all((views.get_trend, repo, engine, device, workload_id,
                                         None if last == "all" else int(last)),
                                        (views.list_series_changes, repo, engine, device, workload_id))
+        breakdowns, spread = data.load_all((views.list_trend_breakdowns, tuple(trend["run_id"].tolist())),
+                                           (views.get_run_spread, int(trend["run_id"].iloc[0])))
 
 if series.empty:
     st.info(f"None of the {counts['runs']} runs measured a commit, so there is no trend to draw yet. "
@@ -68,13 +80,33 @@ else:
     variants = ", ".join(sorted(trend["variant"].unique()))
     st.markdown(format_markdown("**{}** — {} runs at {} commit{}, variants: {}", describe_workload(keys[workload_id]),
                                 len(trend), commits, "s" if commits != 1 else "", variants))
-    scale = select_in_url("Scale", list(SCALES), "scale", format_func=SCALES.get, default="linear",
-                          label_visibility="collapsed")
-    event = st.altair_chart(charts.trend_chart(trend, changes, log_scale=scale == "log"), on_select="rerun",
-                            key="trend_chart")
+    left, right = st.columns([1, 1.4])
+    with left:
+        scale = select_in_url("Axes", list(charts.TREND_MODES), "scale", format_func=charts.TREND_MODES.get,
+                              default="linear", label_visibility="collapsed")
+    with right:
+        also = select_in_url("Also plot", ["", *breakdowns], "also", default="", label_visibility="collapsed",
+                             format_func=lambda v: "also plot: a category or a kernel" if not v
+                             else "also plot: " + describe_breakdown(v))
+    extra = data.load(views.get_trend_breakdown, tuple(trend["run_id"].tolist()), also) if also else None
+    event = st.altair_chart(charts.trend_chart(trend, changes, mode=scale, extra=extra,
+                                               extra_title=describe_breakdown(also, 24) if also else ""),
+                            on_select="rerun", key="trend_chart")
     st.caption("Error bars: tok/s and step ms at the 10th and 90th percentile of the steps each run timed without "
-               "the profiler (none when a run timed none). Log axes show variants of very different speeds with "
-               "their changes at the same height for the same ratio.")
+               "the profiler (none when a run timed none); each point is one run, the line goes through the mean of "
+               "a commit's runs. Log axes show variants of very different speeds with their changes at the same "
+               "height for the same ratio. Drag or scroll the chart to zoom the commits; double-click to reset.")
+    if spread["spread"] is None:
+        st.caption("Run-to-run spread unknown: no commit of this workload was measured twice. Two runs of the same "
+                   "code differ by more than their steps do; queue a repeat to know how much.")
+    elif spread["spread"] > MIN_REL_CHANGE:
+        st.warning(f"Runs of the same commit differ by {spread['spread'] * 100:.1f} % here ({spread['pairs']} "
+                   f"repeated runs): more than the {MIN_REL_CHANGE * 100:.0f} % change Regressions looks for, so "
+                   "small changes of this workload cannot be told from noise. Pin clocks, idle the machine, or "
+                   "repeat runs.")
+    else:
+        st.caption(f"Run-to-run spread: runs of the same commit differ by {spread['spread'] * 100:.1f} % "
+                   f"({spread['pairs']} repeated runs).")
     if not changes.empty:
         st.caption("Dashed rules mark the first bad commit of each confirmed change of this series (red: "
                    "regression, green: improvement); the Regressions page lists them with their diagnosis.")
@@ -88,8 +120,9 @@ else:
                      query_params={"a": str(last_two["run_id"].iloc[0]), "b": str(last_two["run_id"].iloc[1])})
     with st.expander(f"The {len(trend)} runs of this series", expanded=False):
         table = trend.assign(open=link_runs(trend["run_id"]))
-        st.dataframe(table, hide_index=True, column_order=["open", "short_sha", "subject", "variant", "tok_per_s",
-                                                           "step_ms", "copy_share", "gpu_busy_share", "committed_at"],
+        st.dataframe(as_percent(table), hide_index=True,
+                     column_order=["open", "short_sha", "subject", "variant", "tok_per_s", "step_ms", "copy_share",
+                                   "gpu_busy_share", "committed_at"],
                      column_config=run_columns())
 
 st.subheader("Runs without a commit")
@@ -97,7 +130,7 @@ if loose.empty:
     st.caption("Every run in the database measured a commit.")
 else:
     st.caption("Plain trace imports: no commit was given for these, so they are not on the trend.")
-    st.dataframe(loose.assign(open=link_runs(loose["run_id"])), hide_index=True,
+    st.dataframe(as_percent(loose.assign(open=link_runs(loose["run_id"]))), hide_index=True,
                  column_order=["open", "imported_at", "source_path", "engine", "variant", "device", "steps",
                                "tok_per_s", "step_ms", "copy_share"],
                  column_config=run_columns())

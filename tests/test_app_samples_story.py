@@ -1,0 +1,117 @@
+"""The dashboard as a new user first sees it: the database `./run.sh` makes (`python -m ingest
+samples`: every bundle in app/sample_data, real H200 runs), page by page (AppTest). The sample
+series of glm5-serving-demo (kernels/demo_series.py: a demonstration repository whose commits
+switch the MLA backend's KV strategy, each commit measured twice on the H200) holds a real
+regression and its fix; the stepwatch series hold none. Each delta is shown with its noise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from app import charts
+from db import views
+from db.store import open_db
+from tests.helpers import ROOT
+from tests.test_app_fixtures import find_run_id, open_page  # noqa: F401  (fixture)
+
+REPO = "glm5-serving-demo"
+
+
+@pytest.fixture(scope="module")
+def samples_db(tmp_path_factory):
+    db = tmp_path_factory.mktemp("samples") / "stepwatch.duckdb"
+    done = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "loaded 26 sample runs" in done.stderr
+    return db
+
+
+def _spec(at) -> dict:
+    [chart] = at.get("vega_lite_chart")[:1]
+    return json.loads(chart.proto.spec)
+
+
+def test_the_landing_opens_on_the_series_with_the_regression_and_marks_it(samples_db, open_page):  # noqa: F811
+    at = open_page(samples_db, "trends")
+    assert not at.exception
+    assert at.query_params["repo"] == REPO  # the series with the most runs: 12, two a commit
+    assert at.markdown[0].value.startswith("**glm5 · batch 1 · context 2048 · CUDA graph** — 12 runs at 6 commits")
+    tok, share, step = _spec(at)["vconcat"]
+    assert [layer["mark"]["type"] for layer in tok["layer"]][:2] == ["rule", "point"]  # the changes' markers
+    with open_db(samples_db, read_only=True) as store:
+        series = views.find_series_of_run(store, find_run_id(samples_db, "demo-d445ae3-1-glm5-graph"))
+        marks = views.list_series_changes(store, *series)
+    assert sorted((m.first_bad_short_sha, m.direction) for m in marks.itertuples() if m.metric == "tok_per_s") == [
+        ("bd182fd", "improvement"), ("d445ae3", "regression")]
+    # the run-to-run spread of the workload, from the six commits measured twice
+    assert "Run-to-run spread: runs of the same commit differ by 2.8 % (6 repeated runs)." in [
+        c.value for c in at.caption]
+
+
+def test_the_axis_is_the_commit_order_labelled_by_short_sha_and_zooms(samples_db, open_page):  # noqa: F811
+    at = open_page(samples_db, "trends")
+    spec = _spec(at)
+    step = spec["vconcat"][2]
+    x = step["layer"][1]["encoding"]["x"]
+    assert x["field"] == "commit_order" and x["type"] == "quantitative"
+    assert x["axis"]["labelExpr"].startswith("['', '9317abc', '05a3934', 'd445ae3', '6806b21', 'bd182fd', 'd396647']")
+    [zoom] = [p for p in spec["params"] if p["name"] == "zoom"]
+    assert (zoom["bind"], zoom["select"]["encodings"]) == ("scales", ["x"])
+    assert spec["resolve"]["scale"]["x"] == "shared"
+
+
+def test_also_plot_a_category_and_against_the_first_commit(samples_db, open_page):  # noqa: F811
+    at = open_page(samples_db, "trends", also="category:cast", scale="baseline")
+    assert not at.exception
+    panels = _spec(at)["vconcat"]
+    assert len(panels) == 4 and panels[3]["layer"][0]["encoding"]["y"]["title"] == "category cast (ms/step) vs first"
+    # the numbers drawn: each run against its variant's first commit, the cast category beside them
+    with open_db(samples_db, read_only=True) as store:
+        trend = views.get_trend_of_run(store, find_run_id(samples_db, "demo-d445ae3-1-glm5-graph"))
+        extra = views.get_trend_breakdown(store, trend["run_id"].tolist(), "category:cast")
+    runs = trend.merge(extra.rename(columns={"ms_per_step": "extra_ms"}), on="run_id")
+    relative, _ = charts.against_first_commit(runs, charts.change_markers(charts.add_commit_labels(runs),
+                                                                          charts._NO_CHANGES))
+    first, bad = relative[relative["short_sha"] == "9317abc"], relative[relative["short_sha"] == "d445ae3"]
+    assert first["tok_per_s"].abs().max() < 0.06 and first["extra_ms"].abs().max() < 0.01
+    assert bad["tok_per_s"].between(-0.92, -0.88).all() and bad["extra_ms"].between(150, 180).all()
+
+
+def test_regressions_confirm_the_regression_and_the_fix(samples_db, open_page):  # noqa: F811
+    at = open_page(samples_db, "regressions", repo=REPO, kind="speed")
+    assert not at.warning
+    assert not at.exception
+    text = "\n".join(m.value for m in at.markdown)
+    assert "tok/s** :red[regression] · 132.31 tok/s -> 13.52 tok/s (**-89.8 %**" in text
+    assert "tok/s** :green[improvement] · 13.52 tok/s -> 126.28 tok/s (**9.3x**" in text
+    assert "First bad commit `d445ae3` mla: cast the FP8 KV pool to BF16 before attention" in text
+
+
+def test_two_runs_of_one_commit_9_percent_apart_are_within_noise(samples_db, open_page):  # noqa: F811
+    a, b = (find_run_id(samples_db, f"demo-9317abc-{i}-glm5-graph") for i in (1, 2))
+    at = open_page(samples_db, "compare", a=str(a), b=str(b), by="runs")
+    assert not at.exception
+    [verdict] = [m.value for m in at.markdown if m.value.startswith(("**Within noise**", "**Changed**"))]
+    assert verdict.startswith("**Within noise**: step time +9.4 %")
+    assert ("short of a change: runs of the same code differ by 2.8 % here (the spread of 6 repeated runs of this "
+            "workload), so a change between two runs must pass 15 % (3.5 standard errors, as Regressions asks)"
+            in verdict)
+    tiles = {m.label: m.delta for m in at.metric if m.delta}
+    assert tiles["Step ms"].endswith("· within noise")
+
+
+def test_the_regression_pair_is_changed_with_the_spread_in_its_interval(samples_db, open_page):  # noqa: F811
+    a = find_run_id(samples_db, "demo-05a3934-2-glm5-graph")
+    b = find_run_id(samples_db, "demo-d445ae3-2-glm5-graph")
+    at = open_page(samples_db, "compare", a=str(a), b=str(b))
+    assert not at.exception
+    [verdict] = [m.value for m in at.markdown if m.value.startswith(("**Within noise**", "**Changed**"))]
+    assert verdict.startswith("**Changed**: step time 9.8x") and "Run-to-run spread: 2.8 % (6 repeated runs)" in verdict
+    assert at.dataframe[0].value["verdict"].tolist() == ["changed"]
+    with open_db(samples_db, read_only=True) as store:
+        assert store.count_rows()["runs"] == 26
