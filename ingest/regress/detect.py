@@ -446,7 +446,8 @@ def run_study(n_series: int = 500, seed: int = 0) -> str:
                      + " | ".join(f"{100 * x:.1f} %" for x in rates) + " |")
     lines += ["", "Detection: a step and its undoing two or more points later (a regression and its fix);",
               "a series counts only if exactly those two changes are found, where they are, and no other", "",
-              "| points | samples per point | sample noise | run-to-run noise | 5 % step | 10 % step | 20 % step | 10x step |",
+              "| points | samples per point | sample noise | run-to-run noise | 5 % step | 10 % step | 20 % step "
+              "| 10x step |",
               "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
     for lengths, counts, noises, run in [((5, 6, 8), _ALL_COUNTS, _ALL_NOISE, 0.0), ((10, 20, 40), _ALL_COUNTS,
                                           _ALL_NOISE, 0.0), (_ALL_LENGTHS[:3], _ALL_COUNTS, (0.002,), 0.02)]:
