@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from db.store import open_db
-from tests.test_app_fixtures import dashboard_db, open_page, writable_db  # noqa: F401  (fixtures)
 
 
 def _jobs(db) -> list[dict]:
@@ -29,7 +28,7 @@ def _submit(at, **fields):
     return at.run()
 
 
-def test_the_queue_shows_running_waiting_and_finished_jobs(dashboard_db, open_page):  # noqa: F811
+def test_the_queue_shows_running_waiting_and_finished_jobs(dashboard_db, open_page):
     at = open_page(dashboard_db, "run_benchmark")
     assert not at.exception
     cards = [m.value for m in at.markdown if m.value.startswith("**Job")]
@@ -55,7 +54,7 @@ def test_the_queue_shows_running_waiting_and_finished_jobs(dashboard_db, open_pa
     ({"commits": "no-such-ref-anywhere"}, "no-such-ref-anywhere"),
     ({"commits": "a..b", "repo": "elsewhere"}, "Not queued: commits: the range 'a..b' needs a repo"),
 ])
-def test_invalid_input_is_refused_with_the_reason(writable_db, open_page, fields, reason):  # noqa: F811
+def test_invalid_input_is_refused_with_the_reason(writable_db, open_page, fields, reason):
     before = len(_jobs(writable_db))
     at = _submit(open_page(writable_db, "run_benchmark"), **fields)
     assert not at.exception
@@ -63,7 +62,7 @@ def test_invalid_input_is_refused_with_the_reason(writable_db, open_page, fields
     assert len(_jobs(writable_db)) == before
 
 
-def test_a_valid_spec_is_queued(writable_db, open_page):  # noqa: F811
+def test_a_valid_spec_is_queued(writable_db, open_page):
     at = _submit(open_page(writable_db, "run_benchmark"), kv=["fused", "full-pool-cast"], profile_steps=2)
     assert not at.exception
     assert at.success[0].value.startswith("Queued 2 jobs (5, 6): reference tiny fused")
@@ -74,7 +73,7 @@ def test_a_valid_spec_is_queued(writable_db, open_page):  # noqa: F811
     assert '"kv": "fused"' in spec and '"profile_steps": 2' in spec and '"device": "cpu"' in spec
 
 
-def test_a_range_queues_one_job_per_commit_and_variant(writable_db, open_page, tmp_path, monkeypatch):  # noqa: F811
+def test_a_range_queues_one_job_per_commit_and_variant(writable_db, open_page, tmp_path, monkeypatch):
     repo = tmp_path / "demo"
     repo.mkdir()
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e"]
@@ -102,7 +101,7 @@ def test_a_range_queues_one_job_per_commit_and_variant(writable_db, open_page, t
     assert recorded == [(shas[1], "change 1", 2), (shas[2], "change 2", 3), (shas[3], "change 3", 4)]
 
 
-def test_cancel_a_queued_job(writable_db, open_page):  # noqa: F811
+def test_cancel_a_queued_job(writable_db, open_page):
     at = open_page(writable_db, "run_benchmark")
     at.button(key="cancel_4").click().run()
     assert not at.exception
@@ -114,7 +113,7 @@ def test_cancel_a_queued_job(writable_db, open_page):  # noqa: F811
         assert store.get_job(3)["cancel_requested"]
 
 
-def test_the_forms_numbers_are_bounded_as_specs_are(writable_db, open_page):  # noqa: F811
+def test_the_forms_numbers_are_bounded_as_specs_are(writable_db, open_page):
     """The browser keeps a number input within its bounds; they are WORKLOAD_MAXIMA, the limits
     every spec is checked against, so the form cannot ask for 100,000,000 profiled steps."""
     from ingest.runs.spec import WORKLOAD_MAXIMA
@@ -127,7 +126,7 @@ def test_the_forms_numbers_are_bounded_as_specs_are(writable_db, open_page):  # 
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU: nothing to refuse")
-def test_a_cuda_run_on_a_host_without_cuda_is_refused(writable_db, open_page):  # noqa: F811
+def test_a_cuda_run_on_a_host_without_cuda_is_refused(writable_db, open_page):
     before = len(_jobs(writable_db))
     at = open_page(writable_db, "run_benchmark")
     at.radio(key="device").set_value("cuda")

@@ -17,11 +17,11 @@ from db import views
 from db.store import open_db
 from ingest.runs.errors import SpecError
 from ingest.runs.spec import Config
-from tests.test_app_fixtures import SAMPLES, dashboard_db, find_run_id  # noqa: F401  (fixture)
+from tests.test_app_fixtures import SAMPLES, find_run_id
 
 
 @pytest.fixture(scope="module")
-def frames(dashboard_db):  # noqa: F811
+def frames(dashboard_db):
     a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
     b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
     with open_db(dashboard_db, read_only=True) as store:
@@ -165,7 +165,7 @@ def test_form_takes_a_checkout_path_as_the_repo(tmp_path):
     assert (spec.repo, spec.repo_path, spec.ref, spec.workload.kv) == ("sglang-fork", str(checkout), "v1.2", "fused")
 
 
-def test_trend_chart_marks_the_first_bad_commit_of_each_change(dashboard_db):  # noqa: F811
+def test_trend_chart_marks_the_first_bad_commit_of_each_change(dashboard_db):
     with open_db(dashboard_db, read_only=True) as store:
         series = ("kv-regression-demo", "reference", "NVIDIA H200", "b0e35bdd9a")
         trend, changes = views.get_trend(store, *series), views.list_series_changes(store, *series)

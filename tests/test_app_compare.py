@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from tests.test_app_fixtures import dashboard_db, find_run_id, open_page  # noqa: F401  (fixtures)
+from tests.test_app_fixtures import find_run_id
 
 
-def test_two_commits_show_every_variant_at_both(dashboard_db, open_page):  # noqa: F811
+def test_two_commits_show_every_variant_at_both(dashboard_db, open_page):
     a = find_run_id(dashboard_db, "b9bba77-glm5-fused-graph")
     b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
     at = open_page(dashboard_db, "compare", a=str(a), b=str(b))
@@ -44,7 +44,7 @@ def test_two_commits_show_every_variant_at_both(dashboard_db, open_page):  # noq
     assert tiles[2][1] == f"{matrix['a_copy_share'].iloc[1]:.1f} %" == "6.1 %"
 
 
-def test_two_runs_full_pool_cast_against_fused(dashboard_db, open_page):  # noqa: F811
+def test_two_runs_full_pool_cast_against_fused(dashboard_db, open_page):
     a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
     b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
     at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
@@ -87,7 +87,7 @@ def test_two_runs_full_pool_cast_against_fused(dashboard_db, open_page):  # noqa
     assert at.dataframe[0].value["name"].tolist() == ["_gather_cast_kernel"]
 
 
-def test_runs_of_different_workloads_are_compared_with_a_warning(dashboard_db, open_page):  # noqa: F811
+def test_runs_of_different_workloads_are_compared_with_a_warning(dashboard_db, open_page):
     a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
     b = find_run_id(dashboard_db, "tiny-fused-graph-nostack")
     at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
@@ -95,7 +95,7 @@ def test_runs_of_different_workloads_are_compared_with_a_warning(dashboard_db, o
     assert at.warning[0].value.startswith("Runs A and B measured different workloads")
 
 
-def test_default_comparison_is_the_last_two_commits(dashboard_db, open_page):  # noqa: F811
+def test_default_comparison_is_the_last_two_commits(dashboard_db, open_page):
     at = open_page(dashboard_db, "compare")
     assert not at.exception
     assert at.selectbox(key="compare_sha_a").value.startswith("3bee539")
@@ -103,7 +103,7 @@ def test_default_comparison_is_the_last_two_commits(dashboard_db, open_page):  #
     assert at.query_params["a"] == str(find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph"))
 
 
-def test_picking_another_commit_rewrites_the_url(dashboard_db, open_page):  # noqa: F811
+def test_picking_another_commit_rewrites_the_url(dashboard_db, open_page):
     at = open_page(dashboard_db, "compare", a=str(find_run_id(dashboard_db, "b9bba77-glm5-fused-graph")),
                    b=str(find_run_id(dashboard_db, "3bee539-glm5-fused-graph")))
     at.selectbox(key="compare_sha_b").select("3cf16716eab78d4cd9ea520cb840b647b37f02c8").run()
@@ -116,7 +116,7 @@ def test_picking_another_commit_rewrites_the_url(dashboard_db, open_page):  # no
         str(find_run_id(dashboard_db, "3cf1671-glm5-gather-then-cast-graph")))
 
 
-def test_a_patched_pair_at_one_commit_is_diagnosed_as_a_patch(dashboard_db, open_page):  # noqa: F811
+def test_a_patched_pair_at_one_commit_is_diagnosed_as_a_patch(dashboard_db, open_page):
     a = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
     b = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
     at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
@@ -128,7 +128,7 @@ def test_a_patched_pair_at_one_commit_is_diagnosed_as_a_patch(dashboard_db, open
     assert any(c.value.startswith("B is A patched") for c in at.caption)
 
 
-def test_two_commits_show_the_change_diagnosis_and_the_changes_confirmed_there(dashboard_db, open_page):  # noqa: F811
+def test_two_commits_show_the_change_diagnosis_and_the_changes_confirmed_there(dashboard_db, open_page):
     a = find_run_id(dashboard_db, "fe3ea75-glm5-fused-graph")  # the KV regression's last good and first bad runs
     b = find_run_id(dashboard_db, "fe3ea75-glm5-full-pool-cast-graph")
     at = open_page(dashboard_db, "compare", a=str(a), b=str(b), by="runs")
@@ -142,7 +142,7 @@ def test_two_commits_show_the_change_diagnosis_and_the_changes_confirmed_there(d
                                            "(7.383 ms -> 73.418 ms)**")
 
 
-def test_one_run_in_the_url_or_the_same_run_twice_is_a_notice(dashboard_db, open_page):  # noqa: F811
+def test_one_run_in_the_url_or_the_same_run_twice_is_a_notice(dashboard_db, open_page):
     a = str(find_run_id(dashboard_db, "b9bba77-glm5-fused-graph"))
     at = open_page(dashboard_db, "compare", a=a)
     assert not at.exception

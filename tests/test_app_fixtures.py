@@ -2,18 +2,15 @@
 real bundles (app/sample_data: glm5 on the H200 at three commits; tests/data/bundles: the tiny
 preset) and one CPU-only trace without a commit, plus a job in each state; two more real glm5
 bundles at two commits of a test repository plant a KV-strategy regression, and the changes are
-detected and stored by the real tracker, as the worker does after each job. The dashboard tests
-import `dashboard_db` (a session fixture), `writable_db` (a copy for tests that write),
-`open_page` (an AppTest of one page) and `find_run_id` from here."""
+detected and stored by the real tracker, as the worker does after each job. tests/conftest.py
+registers the fixtures on it once for every module: `dashboard_db` (built once a session),
+`writable_db` (a copy for tests that write) and `open_page` (an AppTest of one page); the tests
+import `find_run_id` and the bundles' names from here."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
-
-import pytest
-from streamlit.testing.v1 import AppTest
 
 from db.store import open_db
 from ingest.categories import load_rule_chain
@@ -97,31 +94,6 @@ def find_run_id(db: Path, source_name: str) -> int:
     with open_db(db, read_only=True) as store:
         return store.con.execute("SELECT run_id FROM runs WHERE source_path LIKE '%/' || ?",
                                  [source_name]).fetchone()[0]
-
-
-@pytest.fixture(scope="session")
-def dashboard_db(tmp_path_factory) -> Path:
-    return build_dashboard_db(tmp_path_factory.mktemp("dashboard") / "stepwatch.duckdb")
-
-
-@pytest.fixture
-def writable_db(dashboard_db, tmp_path) -> Path:
-    return Path(shutil.copy(dashboard_db, tmp_path / "stepwatch.duckdb"))
-
-
-@pytest.fixture
-def open_page(monkeypatch):
-    """open_page(db, "run", run="5") -> the AppTest of app/main.py on that page, run once."""
-
-    def open_(db: Path, page: str, **params: str) -> AppTest:
-        monkeypatch.setenv("STEPWATCH_DB", str(db))
-        at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60)
-        at.switch_page(f"screens/{page}.py")
-        for key, value in params.items():
-            at.query_params[key] = value
-        return at.run()
-
-    return open_
 
 
 def test_the_fixture_holds_every_kind_of_run_and_job(dashboard_db):

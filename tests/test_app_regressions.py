@@ -3,9 +3,8 @@ its test repository (real H200 glm5 CUDA-graph bundles, fused at one commit and 
 two unmeasured commits later) as the real tracker stored it: its size, its first bad commit, the
 commits still to bisect, the link to its comparison and its diagnosis. Filters live in the URL."""
 
-from tests.test_app_fixtures import (KV_REGRESSION_SHAS, KV_REPO, dashboard_db, find_run_id,  # noqa: F401
-                                     open_page, writable_db)
 from db.store import open_db
+from tests.test_app_fixtures import KV_REGRESSION_SHAS, KV_REPO, find_run_id
 
 GOOD, BAD = (sha[:7] for sha in KV_REGRESSION_SHAS)
 
@@ -14,7 +13,7 @@ def _cards(at) -> list[str]:
     return [m.value for m in at.markdown]
 
 
-def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db, open_page):  # noqa: F811
+def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db, open_page):
     at = open_page(dashboard_db, "regressions")
     assert not at.exception
     assert at.caption[1].value == "2 of 2 confirmed changes, newest first (by first bad commit)."
@@ -43,7 +42,7 @@ def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db,
     assert diagnosis[1].endswith("from `kernels/workload.py(238): run_step`.")
 
 
-def test_filters_come_from_the_url(dashboard_db, open_page):  # noqa: F811
+def test_filters_come_from_the_url(dashboard_db, open_page):
     at = open_page(dashboard_db, "regressions", direction="improvement")
     assert not at.exception and at.caption[1].value.startswith("0 of 2 confirmed changes")
     at = open_page(dashboard_db, "regressions", kind="structure")  # no kernel's calls per step was confirmed
@@ -54,7 +53,7 @@ def test_filters_come_from_the_url(dashboard_db, open_page):  # noqa: F811
                                                        "Direction": "regression", "Metric": "speed"}
 
 
-def test_picking_a_filter_rewrites_the_url(dashboard_db, open_page):  # noqa: F811
+def test_picking_a_filter_rewrites_the_url(dashboard_db, open_page):
     at = open_page(dashboard_db, "regressions")
     series = at.selectbox(key="url_series").options[1]
     assert series.startswith("glm5 · batch 1 · context 2048 · CUDA graph") and series.endswith("· main")
@@ -62,7 +61,7 @@ def test_picking_a_filter_rewrites_the_url(dashboard_db, open_page):  # noqa: F8
     assert at.query_params["direction"] == "improvement" and at.caption[1].value.startswith("0 of 2")
 
 
-def test_newest_first_commit_first(writable_db, open_page):  # noqa: F811
+def test_newest_first_commit_first(writable_db, open_page):
     with open_db(writable_db) as store:  # the same change, as if found at an older commit of the repo
         store.con.execute("INSERT INTO changes SELECT * REPLACE (nextval('change_id_seq') AS change_id,"
                           " last_good_commit_id AS first_bad_commit_id)"
@@ -74,7 +73,7 @@ def test_newest_first_commit_first(writable_db, open_page):  # noqa: F811
     assert at.markdown[-2].value.startswith(f"First bad commit `{GOOD}` decode: read the KV pool")
 
 
-def test_no_change_in_the_stepwatch_samples_says_what_was_checked(tmp_path, open_page):  # noqa: F811
+def test_no_change_in_the_stepwatch_samples_says_what_was_checked(tmp_path, open_page):
     # the sample bundles of stepwatch's own commits (every KV strategy a variant, nothing regresses);
     # the samples' glm5-serving-demo series, which does regress, is left out here
     import json

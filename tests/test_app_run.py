@@ -5,14 +5,14 @@ import json
 
 from ingest.cli import main
 from tests.helpers import DATA
-from tests.test_app_fixtures import dashboard_db, find_run_id, open_page  # noqa: F401  (fixtures)
+from tests.test_app_fixtures import find_run_id
 
 
 def _metrics(at) -> dict:
     return {m.label: m.value for m in at.metric}
 
 
-def test_glm5_full_pool_cast_run(dashboard_db, open_page):  # noqa: F811
+def test_glm5_full_pool_cast_run(dashboard_db, open_page):
     run_id = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
     at = open_page(dashboard_db, "run", run=str(run_id))
     assert not at.exception
@@ -41,7 +41,7 @@ def test_glm5_full_pool_cast_run(dashboard_db, open_page):  # noqa: F811
     assert not at.expander  # not made by a job: no log
 
 
-def test_kernel_filter(dashboard_db, open_page):  # noqa: F811
+def test_kernel_filter(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")))
     at.text_input[0].input("NVJET").run()
     shown = at.dataframe[0].value
@@ -49,14 +49,14 @@ def test_kernel_filter(dashboard_db, open_page):  # noqa: F811
     assert any(c.value.startswith("3 of 16 kernels") for c in at.caption)
 
 
-def test_a_run_made_by_a_job_shows_the_jobs_log(dashboard_db, open_page):  # noqa: F811
+def test_a_run_made_by_a_job_shows_the_jobs_log(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "tiny-fused-graph-nostack")))
     assert not at.exception
     assert at.expander[0].label == "Log of job 1 (succeeded): reference tiny fused on local/cpu"
     assert "bundle written" in at.code[0].value
 
 
-def test_cpu_only_trace_says_so(dashboard_db, open_page):  # noqa: F811
+def test_cpu_only_trace_says_so(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "cpu_small.trace.json")))
     assert not at.exception
     assert at.info[0].value.startswith("This is a CPU-only trace: it has no GPU kernels")
@@ -67,18 +67,18 @@ def test_cpu_only_trace_says_so(dashboard_db, open_page):  # noqa: F811
     assert [d.proto.label for d in at.get("download_button")] == [f"Download run{run_id}-cpu_small.trace.json"]
 
 
-def test_without_a_run_in_the_url_the_newest_run_is_shown(dashboard_db, open_page):  # noqa: F811
+def test_without_a_run_in_the_url_the_newest_run_is_shown(dashboard_db, open_page):
     at = open_page(dashboard_db, "run")
     assert at.query_params["run"] == str(find_run_id(dashboard_db, "cpu_small.trace.json"))
 
 
-def test_an_unknown_run_is_a_sentence(dashboard_db, open_page):  # noqa: F811
+def test_an_unknown_run_is_a_sentence(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run="999999")
     assert not at.exception
     assert at.warning[0].value == "There is no run 999999 in this database."
 
 
-def test_the_diagnosis_of_the_eager_full_pool_cast_run(dashboard_db, open_page):  # noqa: F811
+def test_the_diagnosis_of_the_eager_full_pool_cast_run(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager")))
     assert not at.exception
     assert at.subheader[0].value == "Diagnosis"
@@ -94,7 +94,7 @@ def test_the_diagnosis_of_the_eager_full_pool_cast_run(dashboard_db, open_page):
                                "instead of 75.1 ms: 103 tok/s instead of 13.3 (7.7x)")
 
 
-def test_a_finding_worded_the_same_for_every_kernel_is_said_once(dashboard_db, open_page):  # noqa: F811
+def test_a_finding_worded_the_same_for_every_kernel_is_said_once(dashboard_db, open_page):
     # the CUDA-graph fused run: three gemm kernels, none with op shapes (a graph replay)
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "3bee539-glm5-fused-graph")))
     assert not at.exception
@@ -106,7 +106,7 @@ def test_a_finding_worded_the_same_for_every_kernel_is_said_once(dashboard_db, o
     assert sum(line.startswith("  - It runs ") for line in lines) == 3  # each kernel's own count stays with it
 
 
-def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, open_page):  # noqa: F811
+def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, open_page):
     # the real TP=2 capture from the H200s (tests/data/h200/tp2), imported as a user would
     db = tmp_path / "tp2.duckdb"
     assert main(["import", str(DATA / "h200" / "tp2"), "--db", str(db)]) == 0
@@ -124,7 +124,7 @@ def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, op
     assert any(c.value.startswith("Note: rank 1 reached") for c in at.caption)
 
 
-def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):  # noqa: F811
+def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):
     db = tmp_path / "r1.duckdb"
     assert main(["import", str(DATA / "wild" / "hta__trace_compare__base.json.gz"), "--db", str(db)]) == 0
     at = open_page(db, "run", run="1")
@@ -134,7 +134,7 @@ def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):  # noq
     assert not [s for s in at.selectbox if s.key == "url_rank"]
 
 
-def test_a_run_id_that_is_not_a_number_is_ignored_with_a_notice(dashboard_db, open_page):  # noqa: F811
+def test_a_run_id_that_is_not_a_number_is_ignored_with_a_notice(dashboard_db, open_page):
     newest = str(find_run_id(dashboard_db, "cpu_small.trace.json"))
     for bad in ("abc", "1;DROP TABLE runs", "-3", "0", "１２"):
         at = open_page(dashboard_db, "run", run=bad)
@@ -143,7 +143,7 @@ def test_a_run_id_that_is_not_a_number_is_ignored_with_a_notice(dashboard_db, op
         assert at.query_params["run"] == newest  # the newest run is shown, and the URL says which
 
 
-def test_a_rank_the_run_does_not_have_is_a_notice(dashboard_db, open_page):  # noqa: F811
+def test_a_rank_the_run_does_not_have_is_a_notice(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "cpu_small.trace.json")), rank="7")
     assert not at.exception
     assert [w.value for w in at.warning] == ["`?rank=7`: this run has one rank, 0, shown below."]

@@ -16,7 +16,7 @@ from app import charts
 from db import views
 from db.store import open_db
 from tests.helpers import ROOT
-from tests.test_app_fixtures import find_run_id, open_page  # noqa: F401  (fixture)
+from tests.test_app_fixtures import find_run_id
 
 REPO = "glm5-serving-demo"
 
@@ -36,7 +36,7 @@ def _spec(at) -> dict:
     return json.loads(chart.proto.spec)
 
 
-def test_the_landing_opens_on_the_series_with_the_regression_and_marks_it(samples_db, open_page):  # noqa: F811
+def test_the_landing_opens_on_the_series_with_the_regression_and_marks_it(samples_db, open_page):
     at = open_page(samples_db, "trends")
     assert not at.exception
     assert at.query_params["repo"] == REPO  # the series with the most runs: 12, two a commit
@@ -53,7 +53,7 @@ def test_the_landing_opens_on_the_series_with_the_regression_and_marks_it(sample
         c.value for c in at.caption]
 
 
-def test_the_axis_is_the_commit_order_labelled_by_short_sha_and_zooms(samples_db, open_page):  # noqa: F811
+def test_the_axis_is_the_commit_order_labelled_by_short_sha_and_zooms(samples_db, open_page):
     at = open_page(samples_db, "trends")
     spec = _spec(at)
     step = spec["vconcat"][2]
@@ -65,7 +65,7 @@ def test_the_axis_is_the_commit_order_labelled_by_short_sha_and_zooms(samples_db
     assert spec["resolve"]["scale"]["x"] == "shared"
 
 
-def test_also_plot_a_category_and_against_the_first_commit(samples_db, open_page):  # noqa: F811
+def test_also_plot_a_category_and_against_the_first_commit(samples_db, open_page):
     at = open_page(samples_db, "trends", also="category:cast", scale="baseline")
     assert not at.exception
     panels = _spec(at)["vconcat"]
@@ -82,7 +82,7 @@ def test_also_plot_a_category_and_against_the_first_commit(samples_db, open_page
     assert bad["tok_per_s"].between(-0.92, -0.88).all() and bad["extra_ms"].between(150, 180).all()
 
 
-def test_regressions_confirm_the_regression_and_the_fix(samples_db, open_page):  # noqa: F811
+def test_regressions_confirm_the_regression_and_the_fix(samples_db, open_page):
     at = open_page(samples_db, "regressions", repo=REPO, kind="speed")
     assert not at.warning
     assert not at.exception
@@ -92,7 +92,7 @@ def test_regressions_confirm_the_regression_and_the_fix(samples_db, open_page): 
     assert "First bad commit `d445ae3` mla: cast the FP8 KV pool to BF16 before attention" in text
 
 
-def test_two_runs_of_one_commit_9_percent_apart_are_within_noise(samples_db, open_page):  # noqa: F811
+def test_two_runs_of_one_commit_9_percent_apart_are_within_noise(samples_db, open_page):
     a, b = (find_run_id(samples_db, f"demo-9317abc-{i}-glm5-graph") for i in (1, 2))
     at = open_page(samples_db, "compare", a=str(a), b=str(b), by="runs")
     assert not at.exception
@@ -105,7 +105,7 @@ def test_two_runs_of_one_commit_9_percent_apart_are_within_noise(samples_db, ope
     assert tiles["Step ms"].endswith("· within noise")
 
 
-def test_the_regression_pair_is_changed_with_the_spread_in_its_interval(samples_db, open_page):  # noqa: F811
+def test_the_regression_pair_is_changed_with_the_spread_in_its_interval(samples_db, open_page):
     a = find_run_id(samples_db, "demo-05a3934-2-glm5-graph")
     b = find_run_id(samples_db, "demo-d445ae3-2-glm5-graph")
     at = open_page(samples_db, "compare", a=str(a), b=str(b))

@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from db.store import open_db
-from tests.test_app_fixtures import dashboard_db, open_page  # noqa: F401  (fixtures)
 
 PAGES = ["trends", "run", "compare", "regressions", "run_benchmark"]
 EMPTY_SENTENCES = {
@@ -47,7 +46,7 @@ def test_no_database_file(tmp_path, open_page, page):
 
 
 @pytest.fixture
-def held_db(dashboard_db, tmp_path, monkeypatch):  # noqa: F811
+def held_db(dashboard_db, tmp_path, monkeypatch):
     """A copy of the fixture database that another process (a stand-in for a worker in the
     middle of a write) holds open read-write for the length of the test."""
     path = tmp_path / "held.duckdb"

@@ -3,7 +3,7 @@ filters from the URL, the runs without a commit listed apart."""
 
 import json
 
-from tests.test_app_fixtures import dashboard_db, find_run_id, open_page, writable_db  # noqa: F401  (fixtures)
+from tests.test_app_fixtures import find_run_id
 
 
 def _chart_spec(at) -> dict:
@@ -16,7 +16,7 @@ def _values(at, label: str) -> dict:
     return {s.label: s.value for s in at.selectbox}[label]
 
 
-def test_default_series_is_the_one_with_most_runs(dashboard_db, open_page):  # noqa: F811
+def test_default_series_is_the_one_with_most_runs(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends")
     assert not at.exception
     assert {s.label: s.value for s in at.selectbox} == {
@@ -44,14 +44,14 @@ def test_default_series_is_the_one_with_most_runs(dashboard_db, open_page):  # n
     assert link.proto.label == "Compare the last two commits"
 
 
-def test_runs_without_a_commit_are_listed_apart(dashboard_db, open_page):  # noqa: F811
+def test_runs_without_a_commit_are_listed_apart(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends")
     loose = at.dataframe[1].value
     assert loose["source_path"].str.endswith("cpu_small.trace.json").tolist() == [True]
     assert loose["open"].tolist() == [f"run?run={find_run_id(dashboard_db, 'cpu_small.trace.json')}"]
 
 
-def test_filters_come_from_the_url(dashboard_db, open_page):  # noqa: F811
+def test_filters_come_from_the_url(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends", workload="05058f210a")  # glm5 eager: one commit, three KV strategies
     assert not at.exception
     assert _values(at, "Workload") == "05058f210a"
@@ -60,21 +60,21 @@ def test_filters_come_from_the_url(dashboard_db, open_page):  # noqa: F811
     assert not at.get("page_link")  # one commit: nothing to compare along the series
 
 
-def test_changing_a_filter_updates_the_url(dashboard_db, open_page):  # noqa: F811
+def test_changing_a_filter_updates_the_url(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends")
     at.selectbox(key="url_workload").select("05058f210a").run()
     assert at.query_params["workload"] == "05058f210a"
     assert len(at.dataframe[0].value) == 3
 
 
-def test_only_the_last_commits_are_drawn(dashboard_db, open_page):  # noqa: F811
+def test_only_the_last_commits_are_drawn(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends", last="30")
     assert len(at.dataframe[0].value) == 9  # all three commits are within the last 30
     spec = _chart_spec(at)
     assert spec["vconcat"][2]["layer"][0]["encoding"]["x"]["scale"]["domain"] == [0.5, 3.5]  # three commits
 
 
-def test_a_series_with_a_confirmed_change_marks_it(dashboard_db, open_page):  # noqa: F811
+def test_a_series_with_a_confirmed_change_marks_it(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends", repo="kv-regression-demo")
     assert not at.exception
     assert at.markdown[0].value.startswith("**glm5 · batch 1 · context 2048 · CUDA graph** — 2 runs at 2 commits")
@@ -85,7 +85,7 @@ def test_a_series_with_a_confirmed_change_marks_it(dashboard_db, open_page):  # 
                for c in at.caption)
 
 
-def test_a_series_without_a_change_has_no_marker(dashboard_db, open_page):  # noqa: F811
+def test_a_series_without_a_change_has_no_marker(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends")
     tok = _chart_spec(at)["vconcat"][0]
     assert len(tok["layer"]) == 3 and not any(c.value.startswith("Dashed rules") for c in at.caption)
@@ -102,7 +102,7 @@ print(at.selectbox[0].value)
 """
 
 
-def test_the_page_waits_for_writers_once(dashboard_db, tmp_path):  # noqa: F811
+def test_the_page_waits_for_writers_once(dashboard_db, tmp_path):
     """Its second reads (the chosen series' trend) depend on its first (the series): both run in one
     read-only hold of the file (app/data.py reading()), so a page waits behind at most one writer
     per rerun instead of two. Counted from db/store.py's hold log, in a process of its own (the
@@ -124,7 +124,7 @@ def test_the_page_waits_for_writers_once(dashboard_db, tmp_path):  # noqa: F811
     assert [(mode, where.rsplit(":", 1)[-1]) for _, mode, _, where in holds] == [("read", "reading")]
 
 
-def test_a_filter_that_matches_nothing_is_a_notice(dashboard_db, open_page):  # noqa: F811
+def test_a_filter_that_matches_nothing_is_a_notice(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends", gpu="NVIDIA B300", last="7")
     assert not at.exception
     assert [w.value for w in at.warning] == [
@@ -133,7 +133,7 @@ def test_a_filter_that_matches_nothing_is_a_notice(dashboard_db, open_page):  # 
     assert (at.query_params["gpu"], at.query_params["last"]) == ("NVIDIA H200", "100")
 
 
-def test_log_axes_from_the_url(dashboard_db, open_page):  # noqa: F811
+def test_log_axes_from_the_url(dashboard_db, open_page):
     linear = _chart_spec(open_page(dashboard_db, "trends"))
     at = open_page(dashboard_db, "trends", scale="log")
     assert not at.exception
@@ -145,7 +145,7 @@ def test_log_axes_from_the_url(dashboard_db, open_page):  # noqa: F811
     assert any(c.value.startswith("Error bars: tok/s and step ms at the 10th and 90th percentile") for c in at.caption)
 
 
-def test_series_without_a_gpu_name_are_labelled_as_such(writable_db, open_page, tmp_path):  # noqa: F811
+def test_series_without_a_gpu_name_are_labelled_as_such(writable_db, open_page, tmp_path):
     from ingest.cli import main
     from tests.test_app_fixtures import CPU_TRACE
 

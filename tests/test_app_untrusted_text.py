@@ -36,7 +36,6 @@ from ingest.regress.track import track_changes
 from ingest.runs.spec import parse_spec
 from tests.helpers import ROOT
 from tests.test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _wait_http, start_streamlit
-from tests.test_app_fixtures import open_page  # noqa: F401  (fixture)
 
 SAMPLES = ROOT / "app" / "sample_data"
 
@@ -243,7 +242,7 @@ def hostile_db(tmp_path_factory) -> tuple[Path, dict[str, int]]:
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_page_shows_data_as_text(hostile_db, open_page, page):  # noqa: F811
+def test_every_page_shows_data_as_text(hostile_db, open_page, page):
     db, ids = hostile_db
     params, fields = PAGES[page]
     at = open_page(db, page, **{k: str(ids.get(v, v)) for k, v in params.items()})
@@ -257,7 +256,7 @@ def test_every_page_shows_data_as_text(hostile_db, open_page, page):  # noqa: F8
     assert not missing, (missing, bodies)
 
 
-def test_the_selectors_show_data_as_plain_text(hostile_db, open_page):  # noqa: F811
+def test_the_selectors_show_data_as_plain_text(hostile_db, open_page):
     """Selectbox options are plain text in the browser: they are given the raw values (escaping
     them would show backslashes)."""
     db, ids = hostile_db

@@ -5,7 +5,7 @@ import pytest
 
 from db import views
 from db.store import open_db
-from tests.test_app_fixtures import dashboard_db, find_run_id  # noqa: F401  (dashboard_db is a fixture)
+from tests.test_app_fixtures import find_run_id
 
 GLM5_GRAPH = "b0e35bdd9a"  # md5 prefix of the glm5 / batch 1 / context 2048 / CUDA graph workload key
 SHAS = ["b9bba772b7f5530d251a50d52003c0b5bcbad300", "3bee539b905abefebebbe41c4dfb4946cf960b47",
@@ -13,18 +13,18 @@ SHAS = ["b9bba772b7f5530d251a50d52003c0b5bcbad300", "3bee539b905abefebebbe41c4df
 
 
 @pytest.fixture(scope="module")
-def store(dashboard_db):  # noqa: F811
+def store(dashboard_db):
     with open_db(dashboard_db, read_only=True) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def cast_run(dashboard_db):  # noqa: F811
+def cast_run(dashboard_db):
     return find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
 
 
 @pytest.fixture(scope="module")
-def fused_run(dashboard_db):  # noqa: F811
+def fused_run(dashboard_db):
     return find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
 
 
@@ -108,7 +108,7 @@ def test_step_breakdown_adds_up_to_each_steps_wall_time(store, cast_run):
     assert means.iloc[0].ms_per_step == pytest.approx(67.6357615, rel=1e-9)
 
 
-def test_cpu_only_trace_has_cpu_ops_for_kernels_and_no_gpu_busy(store, dashboard_db):  # noqa: F811
+def test_cpu_only_trace_has_cpu_ops_for_kernels_and_no_gpu_busy(store, dashboard_db):
     run = views.get_run_overview(store, find_run_id(dashboard_db, "cpu_small.trace.json"))
     assert run["kernels_from_cpu_ops"] and run["gpu_busy_share"] is None and run["tok_per_s"] is None
     assert run["trace_files"] is None and run["sha"] is None
@@ -133,7 +133,7 @@ def test_kernel_diff_finds_the_cast_removed_and_the_fused_kernel_added(store, ca
     assert diff["delta_ms_per_step"].abs().is_monotonic_decreasing
 
 
-def test_variant_matrix_shows_every_variant_at_both_commits(store, dashboard_db):  # noqa: F811
+def test_variant_matrix_shows_every_variant_at_both_commits(store, dashboard_db):
     fused_before = find_run_id(dashboard_db, "b9bba77-glm5-fused-graph")
     fused_after = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
     matrix = views.get_variant_matrix(store, fused_before, fused_after)
@@ -146,7 +146,7 @@ def test_variant_matrix_shows_every_variant_at_both_commits(store, dashboard_db)
     assert views.get_variant_matrix(store, no_commit, fused_after).empty
 
 
-def test_trend_of_a_run_and_the_run_a_commit_shows(store, dashboard_db):  # noqa: F811
+def test_trend_of_a_run_and_the_run_a_commit_shows(store, dashboard_db):
     fused_after = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
     assert views.find_series_of_run(store, fused_after) == ("stepwatch", "reference", "NVIDIA H200", GLM5_GRAPH)
     trend = views.get_trend_of_run(store, fused_after)
@@ -155,13 +155,13 @@ def test_trend_of_a_run_and_the_run_a_commit_shows(store, dashboard_db):  # noqa
     assert views.get_trend_of_run(store, find_run_id(dashboard_db, "cpu_small.trace.json")) is None
 
 
-def test_default_comparison_is_the_last_two_commits_of_the_biggest_series(store, dashboard_db):  # noqa: F811
+def test_default_comparison_is_the_last_two_commits_of_the_biggest_series(store, dashboard_db):
     assert views.find_default_comparison(store) == {
         "by": "commits", "a": find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph"),
         "b": find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-graph")}
 
 
-def test_comparison_holds_what_the_compare_page_shows(store, cast_run, fused_run, dashboard_db):  # noqa: F811
+def test_comparison_holds_what_the_compare_page_shows(store, cast_run, fused_run, dashboard_db):
     both = views.get_comparison(store, cast_run, fused_run)
     assert (both["run_a"], both["run_b"], both["by"]) == (cast_run, fused_run, None)
     assert (both["a"]["variant"], both["b"]["variant"]) == ("full-pool-cast", "fused")
@@ -180,7 +180,7 @@ def test_run_detail_holds_what_the_run_page_shows(store, cast_run):
     assert views.get_run_detail(store, None) is None and views.get_run_detail(store, 999_999) is None
 
 
-def test_jobs_newest_first_with_log_tail_and_the_runs_figures(store, dashboard_db):  # noqa: F811
+def test_jobs_newest_first_with_log_tail_and_the_runs_figures(store, dashboard_db):
     jobs = views.list_jobs(store)
     assert [(j["job_id"], j["status"]) for j in jobs] == [(4, "queued"), (3, "running"), (2, "failed"),
                                                           (1, "succeeded")]
@@ -194,7 +194,7 @@ def test_jobs_newest_first_with_log_tail_and_the_runs_figures(store, dashboard_d
     assert "RuntimeError: out of memory" in views.get_job(store, 2)["log"]
 
 
-def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):  # noqa: F811
+def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):
     changes = views.list_changes(store)
     assert changes["metric"].tolist() == ["tok_per_s", "step_ms"]  # one commit: the newest change id first
     tok = changes[changes["metric"] == "tok_per_s"].iloc[0]
@@ -215,7 +215,7 @@ def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):  # n
     assert len(at_bad) == 2 and views.list_changes_at_commit_of_run(store, int(tok.last_good_run_id)).empty
 
 
-def test_a_runs_diagnosis_is_part_of_its_overview(store, dashboard_db):  # noqa: F811
+def test_a_runs_diagnosis_is_part_of_its_overview(store, dashboard_db):
     run = views.get_run_overview(store, find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager"))
     assert [f["kind"] for f in run["diagnosis"]][:3] == ["summary", "per_layer", "bandwidth"]
     assert run["diagnosis"][1]["numbers"] == {"calls_per_step": 78.0, "layers": 78, "times_per_layer": 1}
