@@ -354,6 +354,7 @@ if HAS_TRITON:
         DIM: tl.constexpr,
         MAIN: tl.constexpr,
         TAIL: tl.constexpr,
+        OFFSETS_32: tl.constexpr,
     ):
         """Compact gather-cast of n = min(count[0], n_max) live entries, with a bounded grid.
 
@@ -361,40 +362,54 @@ if HAS_TRITON:
         (an entry is a row, or a page of PAGE rows), and with WRITE_INDEX index[t] = t.
         n > capacity (WRITE_INDEX only): out[index[i]] = bf16(pool[index[i]]) for i < n, rows cast
         at their own positions into a pool-shaped out; index is left as it is.
-        Program p handles blocks p, p + G, ... (G programs): CHUNKS pieces of VEC elements when
-        compact, ROWS whole rows when positional; nothing past n is touched.
+
+        Compact: the live rows are cut into VEC-element pieces, piece k = (row t, column c) with
+        t = k // (DIM // VEC); program p moves pieces [base, base + CHUNKS) for base = p * CHUNKS,
+        p * CHUNKS + G * CHUNKS, ... (G programs), so reads and writes run as in a contiguous cast
+        (out is contiguous; a row's pieces are contiguous in the pool), with the row id looked up
+        per piece. Positional: blocks of ROWS whole rows, program p taking blocks p, p + G, ...
+        Nothing past n is touched.
+
+        OFFSETS_32: the compact path computes piece numbers, row numbers and element offsets in
+        int32 (the launcher sets it only when every one of them fits, see _fits_int32), int64
+        otherwise (pools or scratches of 2**31 elements or more). int32 takes fewer registers and
+        address instructions (sm_90: 39-40 registers against 48; kernels/BENCHMARKS.md section 6).
         """
         n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max)
-        step = tl.num_programs(0)
-        blk = tl.program_id(0).to(tl.int64)
+        base = tl.program_id(0) * CHUNKS
+        if OFFSETS_32:
+            n = n.to(tl.int32)
+        else:
+            base = base.to(tl.int64)
+        # k, t and v are made before the loop and k, t advanced at its end: computed at the top of
+        # the loop instead, the same code takes 42-48 registers on sm_90 (5 programs per SM, not 6).
+        k = base + tl.arange(0, CHUNKS)
+        t = k // (DIM // VEC)
+        v = tl.arange(0, VEC)[None, :]
         if n <= capacity:
-            # Compact: the live rows are cut into VEC-element pieces, piece k = (row t, column c)
-            # with t = k // (DIM // VEC); a block is CHUNKS consecutive pieces, so reads and
-            # writes run as in a contiguous cast (out is contiguous; a row's pieces are
-            # contiguous in the pool), with the row id looked up per piece.
-            n_rows = n * PAGE
-            n_pieces = n_rows * (DIM // VEC)
-            n_blocks = tl.cdiv(n_pieces, CHUNKS)
-            v = tl.arange(0, VEC)[None, :]
-            while blk < n_blocks:
-                k = blk * CHUNKS + tl.arange(0, CHUNKS)
+            n_pieces = n * (PAGE * (DIM // VEC))
+            step = tl.num_programs(0) * CHUNKS
+            while base < n_pieces:
                 mask = k < n_pieces
-                t = k // (DIM // VEC)
-                c = (k % (DIM // VEC)) * VEC
-                if PAGE == 1:
-                    src = tl.load(rows_ptr + t, mask=mask, other=0).to(tl.int64)
+                if PAGE == 1:  # the pool row of each piece, in the offsets' type (t's)
+                    src = tl.load(rows_ptr + t, mask=mask, other=0).to(t.dtype)
                 else:
-                    src = tl.load(rows_ptr + t // PAGE, mask=mask, other=0).to(tl.int64) * PAGE + t % PAGE
+                    src = tl.load(rows_ptr + t // PAGE, mask=mask, other=0).to(t.dtype) * PAGE + t % PAGE
+                c = (k % (DIM // VEC)) * VEC
                 m = mask[:, None]
                 x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=m)
                 tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=m)
                 if WRITE_INDEX:  # index[t] = t for the rows whose first piece is in this block
-                    first = tl.cdiv(blk * CHUNKS, DIM // VEC)
-                    end = tl.cdiv(tl.minimum(blk * CHUNKS + CHUNKS, n_pieces), DIM // VEC)
+                    first = tl.cdiv(base, DIM // VEC)
+                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), DIM // VEC)
                     tt = first + tl.arange(0, INDEX_ROWS)
                     tl.store(index_ptr + tt, tt, mask=tt < end)
-                blk += step
+                base += step
+                k = base + tl.arange(0, CHUNKS)
+                t = k // (DIM // VEC)
         elif WRITE_INDEX:
+            step = tl.num_programs(0)
+            blk = tl.program_id(0).to(tl.int64)
             n_blocks = tl.cdiv(n, ROWS)
             while blk < n_blocks:
                 i = blk * ROWS + tl.arange(0, ROWS)
@@ -484,8 +499,29 @@ if HAS_TRITON:
                 blk += parts
 
 
-def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity: int, page: int) -> None:
-    """Launch _gather_live_kernel on [tokens, dim] views; the grid depends on shapes only."""
+def _fits_int32(pool2d, out2d, n_max: int, most_rows: int, pieces: int, chunks: int, programs: int) -> bool:
+    """Whether every value _gather_live_kernel's compact path computes fits in int32 (OFFSETS_32).
+
+    Those are the live count (<= n_max); piece numbers, which run one grid step and one block
+    ((programs + 1) x chunks pieces) past the last of the most_rows x pieces live pieces; row
+    numbers, up to a block's rows past the last piece's row (the rewritten index's included); and
+    the element offsets they give, row x row stride + column, into pool and out. Shapes only.
+    """
+    most_pieces = most_rows * pieces + (programs + 1) * chunks
+    most_row_numbers = most_pieces // pieces + chunks + 1
+    dim = pool2d.shape[1]
+    pool_end = pool2d.shape[0] * max(pool2d.stride(0), dim)
+    out_end = max(most_row_numbers, out2d.shape[0]) * max(out2d.stride(0), dim)
+    return max(n_max, most_pieces, pool_end, out_end) < 2**31
+
+
+def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity: int, page: int,
+                        offsets_32: bool | None = None) -> None:
+    """Launch _gather_live_kernel on [tokens, dim] views; the grid depends on shapes only.
+
+    offsets_32: int32 offsets in the compact path; None (callers) chooses them whenever
+    _fits_int32 says they fit; True or False forces one (the tests run both).
+    """
     cfg = LIVE_CONFIG
     dim = pool2d.shape[1]
     main, tail = _row_tiles(dim)
@@ -495,9 +531,12 @@ def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity:
     if most_rows == 0:
         return
     vec = _piece(dim, cfg["VEC"])
-    blocks = max(triton.cdiv(most_rows * (dim // vec), cfg["CHUNKS"]), triton.cdiv(most_rows, cfg["ROWS"]))
-    grid = (_live_programs(pool2d.device, blocks),)
-    _gather_live_kernel[grid](
+    pieces = dim // vec
+    blocks = max(triton.cdiv(most_rows * pieces, cfg["CHUNKS"]), triton.cdiv(most_rows, cfg["ROWS"]))
+    programs = _live_programs(pool2d.device, blocks)
+    if offsets_32 is None:
+        offsets_32 = _fits_int32(pool2d, out2d, n_max, min(n_max, capacity) * page, pieces, cfg["CHUNKS"], programs)
+    _gather_live_kernel[(programs,)](
         pool2d,
         rows,
         index if index is not None else rows,  # not read unless WRITE_INDEX
@@ -512,10 +551,11 @@ def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity:
         ROWS=cfg["ROWS"],
         CHUNKS=cfg["CHUNKS"],
         VEC=vec,
-        INDEX_ROWS=triton.next_power_of_2(triton.cdiv(cfg["CHUNKS"], dim // vec)),
+        INDEX_ROWS=triton.next_power_of_2(triton.cdiv(cfg["CHUNKS"], pieces)),
         DIM=dim,
         MAIN=main,
         TAIL=tail,
+        OFFSETS_32=offsets_32,
         num_warps=cfg["num_warps"],
     )
 

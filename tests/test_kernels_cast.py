@@ -22,6 +22,7 @@ from kernels.kv_cast import (
     gather_cast_live_pages,
     gather_cast_live_rows,
 )
+from kernels.kv_cast import _fits_int32
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,6 +183,43 @@ def test_copy_live_indices_stops_at_the_count():
     assert out.tolist() == [0, 1, 2, 3, 4, 5] + [-1] * 4
 
 
+def _meta_rows(rows: int, dim: int = 576, row_stride: int | None = None) -> torch.Tensor:
+    """A [rows, dim] uint8 view with the given row stride and no memory behind it (meta device)."""
+    return torch.empty_strided((rows, dim), (row_stride or dim, 1), dtype=torch.uint8, device="meta")
+
+
+# _fits_int32(pool2d, out2d, n_max, most_rows, pieces per row, pieces per block, programs):
+# 576-wide rows in 36 pieces of 16, blocks of 512 pieces, an H200's 132 SMs x 32 programs.
+GRID = {"pieces": 36, "chunks": 512, "programs": 132 * 32}
+LAST_FITTING_ROWS = (2**31 - 1) // 576  # 3,728,270 rows x 576 = 2,147,483,520 elements < 2**31
+
+
+@pytest.mark.parametrize("case, pool_rows, out_rows, n_max, most_rows, fits", [
+    # every shape of the serving grid (kernels/serving_grid.py): int32
+    ("grid rows path, 1M pool, bs 128", 1_048_576, 1_048_576, 128 * 163_840, 1_048_576, True),
+    ("grid pages path, 1M pool, bs 128, pages of 64", 1_048_576, 1_048_576, 128 * 2_560, 1_048_576, True),
+    # the pool alone decides: rows x 576 elements below 2**31 or not
+    ("pool of the last fitting row count", LAST_FITTING_ROWS, 1_024, 1_024, 1_024, True),
+    ("pool one row larger", LAST_FITTING_ROWS + 1, 1_024, 1_024, 1_024, False),
+    # the scratch alone decides, and its live rows' block overshoot counts too
+    ("scratch one row past the limit", 1_024, LAST_FITTING_ROWS + 1, 1_024, 1_024, False),
+    ("scratch that fits, live rows short of it", 1_024, 3_700_000, 3_700_000, 3_600_000, True),
+    ("scratch that fits, filled: a block past its end does not", 1_024, 3_700_000, 3_700_000, 3_700_000, False),
+    # the live count alone decides
+    ("index of 2**31 entries", 1_024, 1_024, 2**31, 1_024, False),
+])
+def test_fits_int32_chooses_offsets_by_shape(case, pool_rows, out_rows, n_max, most_rows, fits):
+    assert _fits_int32(_meta_rows(pool_rows), _meta_rows(out_rows), n_max, most_rows, **GRID) is fits, case
+
+
+def test_fits_int32_counts_row_strides_not_only_shapes():
+    """A pool viewed with a longer row stride (rows of a wider buffer) reaches further."""
+    rows = 2**31 // 1024
+    assert _fits_int32(_meta_rows(rows - 1, row_stride=1024), _meta_rows(8), 8, 8, **GRID)
+    assert not _fits_int32(_meta_rows(rows, row_stride=1024), _meta_rows(8), 8, 8, **GRID)
+    assert not _fits_int32(_meta_rows(8), _meta_rows(rows, row_stride=1024), 8, 8, **GRID)
+
+
 # --- live-row kernels: Triton's interpreter against the fallbacks --------------------------
 
 _INTERPRETED = r"""
@@ -245,16 +283,93 @@ print("ok" if not failures else "FAILED")
 """
 
 
-def test_live_kernels_under_triton_interpreter_match_the_fallbacks(tmp_path):
-    """The bounded-grid kernels (4 programs looping over many blocks) under TRITON_INTERPRET=1:
-    compact and overflow modes, count 0 and full, page sizes 1, 4 and 64, every output tensor
-    (scratch, rewritten index, compacted table) compared with the torch fallback."""
+# Each offset width of the compact gather, forced through its launcher (callers pass None and get
+# int32 for any pool under 2**31 elements, so int64 is otherwise never run here): the launcher
+# calls of gather_cast_live_rows and gather_cast_live_pages, written out with offsets_32 added.
+_OFFSET_WIDTHS = r"""
+import torch
+from kernels.kv_cast import (LIVE_CONFIG, _as_pool_2d, _launch_gather_live, _launch_index_pages,
+                             gather_cast_live_pages, gather_cast_live_rows)
+
+def same(a, b):  # every bit, except that a NaN only has to be NaN (torch on the CPU writes other bits)
+    if a.dtype != torch.bfloat16:
+        return torch.equal(a, b)
+    nan = torch.isnan(b)
+    return torch.equal(torch.isnan(a), nan) and torch.equal(a.view(torch.int16)[~nan], b.view(torch.int16)[~nan])
+
+def rows_call(width, pool, rows, count, out, index):
+    if width == "fallback":
+        gather_cast_live_rows(pool, rows, count, out, index=index, backend="torch")
+    else:
+        out2d = out.view(out.shape[0], -1)
+        _launch_gather_live(_as_pool_2d(pool), rows, index, count, out2d, index.numel(), out2d.shape[0], 1,
+                            offsets_32=width == "int32")
+
+def pages_call(width, pool, table, lens, page, out, table_out):
+    if width == "fallback":
+        gather_cast_live_pages(pool, table, lens, page, out, table_out, backend="torch")
+    else:
+        pool2d, out2d = _as_pool_2d(pool), out.view(out.shape[0], -1)
+        capacity, (bs, w) = out2d.shape[0] // page, table.shape
+        flat = torch.empty(max(1, min(capacity, bs * w)), dtype=torch.int32)
+        count = torch.empty(1, dtype=torch.int32)
+        _launch_index_pages(table, lens, flat, count, table_out, pool2d, out2d, capacity, page)
+        _launch_gather_live(pool2d, flat, None, count, out2d, bs * w, capacity, page, offsets_32=width == "int32")
+
+def widths_agree(call, inputs, outputs):
+    got = {}
+    for width in ("int32", "int64", "fallback"):
+        got[width] = [t.clone() for t in outputs]
+        call(width, *inputs, *got[width])
+    return all(same(g, w) for width in ("int32", "int64") for g, w in zip(got[width], got["fallback"]))
+
+LIVE_CONFIG.update(PROGRAMS_PER_SM=1)  # 4 programs on the CPU, each looping over many blocks
+gen = torch.Generator().manual_seed(1)
+N, D = 512, 576
+pool = torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, generator=gen)
+pool[:16, 0] = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(16, 16).repeat(1, D // 16)
+failures = []
+for cap, n_index, count, dtype in ((300, 300, 211, torch.int32), (300, 300, 300, torch.int64),
+                                   (N, 900, 700, torch.int32)):
+    index = torch.randint(0, N, (n_index,), generator=gen, dtype=dtype)
+    index[:16] = torch.arange(16)
+    out = torch.full((cap, 1, D), 7.0, dtype=torch.bfloat16)
+    if not widths_agree(rows_call, (pool, index[:cap].clone(), torch.tensor([count])), (out, index)):
+        failures.append(("rows", cap, n_index, count, dtype))
+for page in (1, 64):
+    bs, width = 5, N // page
+    table = torch.randint(0, N // page, (bs, width), generator=gen, dtype=torch.int32)
+    lens = (torch.rand(bs, generator=gen) * 0.3 * width * page).to(torch.int32)
+    out = torch.full((min(bs * width, N // page) * page, 1, D), 7.0, dtype=torch.bfloat16)
+    if not widths_agree(pages_call, (pool, table, lens, page), (out, torch.full_like(table, -5))):
+        failures.append(("pages", page))
+print("failures", failures)
+print("ok" if not failures else "FAILED")
+"""
+
+
+def run_interpreted(tmp_path: Path, source: str) -> None:
+    """Run `source` under TRITON_INTERPRET=1 in a subprocess; it prints "ok" last when it passes."""
     import triton  # noqa: F401  (requirements.txt installs it: its interpreter runs the kernels here)
 
     script = tmp_path / "interpreted.py"
-    script.write_text(_INTERPRETED)
+    script.write_text(source)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_live_kernels_under_triton_interpreter_match_the_fallbacks(tmp_path):
+    """The bounded-grid kernels (4 programs looping over many blocks) under TRITON_INTERPRET=1:
+    compact and overflow modes, count 0 and full, page sizes 1, 4 and 64, every output tensor
+    (scratch, rewritten index, compacted table) compared with the torch fallback."""
+    run_interpreted(tmp_path, _INTERPRETED)
+
+
+def test_live_gather_int32_and_int64_offsets_under_triton_interpreter(tmp_path):
+    """_gather_live_kernel with OFFSETS_32 forced on and off: rows compact (int32 and int64 row
+    ids, index rewritten) and overflow, pages of 1 and 64 rows, each bit-exact against the
+    fallback, scratch, index and compacted table included."""
+    run_interpreted(tmp_path, _OFFSET_WIDTHS)

@@ -14,6 +14,7 @@ except ImportError:  # the GPU machine may lack pytest; gpu_suite then calls the
 import torch
 
 from kernels.kv_cast import FP8, cast_fp8_to_bf16, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_fp8_to_bf16
+from kernels.kv_cast import _as_pool_2d, _launch_gather_live, _launch_index_pages
 from kernels.kv_cast import gather_cast_live_pages, gather_cast_live_rows
 from kernels.workload import KV_STRATEGIES, DecodeWorkload, build_model, fill_fp8_pool, get_config
 
@@ -134,6 +135,35 @@ def test_live_rows_and_pages_match_torch_bit_for_bit():
                 gather_cast_live_pages(pool, table, lens, page, out, table_out, backend=backend)
                 outs[backend] = [out, table_out]
             assert_same_outputs(outs["triton"], outs["torch"])
+
+
+def test_live_gather_int32_and_int64_offsets_match_torch():
+    """_gather_live_kernel compiled with OFFSETS_32 on and off (callers get int32 below 2**31
+    elements, so int64 runs only here): rows compact with the index rewritten, pages of 64."""
+    pool = random_pool(tokens=12_800)
+    pool2d = _as_pool_2d(pool)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    index = torch.randint(0, 12_800, (9_000,), generator=gen, device="cuda", dtype=torch.int32)
+    count = torch.tensor([7_000], device="cuda")
+    want = [torch.full((9_000, 576), -2.0, dtype=torch.bfloat16, device="cuda"), index.clone()]
+    gather_cast_live_rows(pool, index.clone(), count, want[0], index=want[1], backend="torch")
+    page, bs, width = 64, 8, 12_800 // 64 // 2
+    table = torch.randint(0, 12_800 // page, (bs, width), generator=gen, device="cuda", dtype=torch.int32)
+    lens = (torch.rand(bs, generator=gen, device="cuda") * width * page).to(torch.int32)
+    capacity = min(bs * width, 12_800 // page)
+    want_pages = [torch.full((capacity * page, 576), -2.0, dtype=torch.bfloat16, device="cuda"),
+                  torch.full_like(table, -1)]
+    gather_cast_live_pages(pool, table, lens, page, *want_pages, backend="torch")
+    for offsets_32 in (True, False):
+        got = [torch.full_like(want[0], -2.0), index.clone()]
+        _launch_gather_live(pool2d, index.clone(), got[1], count, got[0], 9_000, 9_000, 1, offsets_32=offsets_32)
+        assert_same_outputs(got, want)
+        got = [torch.full_like(want_pages[0], -2.0), torch.full_like(table, -1)]
+        flat = torch.empty(capacity, dtype=torch.int32, device="cuda")
+        n_pages = torch.empty(1, dtype=torch.int32, device="cuda")
+        _launch_index_pages(table, lens, flat, n_pages, got[1], pool2d, got[0], capacity, page)
+        _launch_gather_live(pool2d, flat, None, n_pages, got[0], bs * width, capacity, page, offsets_32=offsets_32)
+        assert_same_outputs(got, want_pages)
 
 
 def test_live_kernels_one_graph_replayed_with_other_rows_and_counts():

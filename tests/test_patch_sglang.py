@@ -34,7 +34,7 @@ WHOLE_POOL_CAST = "get_key_buffer(layer.layer_id).to(q.dtype)"
 # (kernels/patches/sync_kernel_copy.py writes them; this test checks them independently).
 SHARED_FUNCTIONS = ("_count_sms", "_live_programs", "_piece", "_row_tiles", "_fp8_to_bf16", "_move_rows",
                     "_gather_live_kernel", "_copy_live_kernel", "_index_pages_kernel",
-                    "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
+                    "_fits_int32", "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
 SHARED_CONSTANTS = ("LIVE_CONFIG", "PAGE_INDEX_CONFIG")
 
 # pip's messages when no index can be reached (DNS, refused or reset connections, proxies).

@@ -18,7 +18,7 @@ BEGIN, END = "begin: verbatim from stepwatch", "end: verbatim from stepwatch"
 # Definitions of kernels/kv_cast.py that the patch's mla_kv_cast.py carries, in this order.
 SHARED = ("LIVE_CONFIG", "PAGE_INDEX_CONFIG", "_count_sms", "_live_programs", "_piece", "_row_tiles",
           "_fp8_to_bf16", "_move_rows", "_gather_live_kernel", "_copy_live_kernel", "_index_pages_kernel",
-          "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
+          "_fits_int32", "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
 
 
 def find_definition(source: str, name: str) -> str:
