@@ -389,13 +389,6 @@ class Store:
         empty = frame.drop(columns="run_id").iloc[0:0]
         return {rid: groups.get(rid, empty.copy()) for rid in ids}
 
-    def get_steps(self, run_id: int, rank: int = 0) -> pd.DataFrame:
-        return self.con.execute(
-            "SELECT step, wall_us, gpu_busy_us, kernel_us FROM steps"
-            " WHERE run_id = ? AND rank = ? ORDER BY step",
-            [run_id, rank],
-        ).df()
-
     # -- the job queue ------------------------------------------------------------------
     JOB_FIELDS = ("job_id", "spec", "label", "status", "error_kind", "error", "queued_at", "started_at",
                   "finished_at", "heartbeat_at", "worker", "steps_done", "steps_planned",

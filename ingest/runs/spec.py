@@ -91,10 +91,6 @@ class Workload:
     profile_steps: int = 3
     extra_args: tuple[str, ...] = ()
 
-    def key(self) -> str:
-        """A stable identity of the workload, for grouping runs into one trend series."""
-        return json.dumps({k: v for k, v in asdict(self).items()}, sort_keys=True)
-
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -254,10 +250,6 @@ def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> 
                    timeout_s=float(timeout))
 
 
-def spec_from_json(text: str, config: Config | None = None) -> RunSpec:
-    return parse_spec(json.loads(text), config)
-
-
 def _read_table_file(path: Path) -> dict:
     try:
         text = path.read_text()
@@ -324,12 +316,3 @@ def load_config(path: str | Path | None) -> Config:
         patches[name] = resolved
     return Config(hosts, repos, patches, str(path))
 
-
-def load_spec_file(path: str | Path, config: Config | None = None) -> list[RunSpec]:
-    """A spec file holds one spec, or several under [[run]] (TOML) / a list (JSON)."""
-    path = Path(path)
-    body = _read_table_file(path)
-    items = body.get("run") if isinstance(body, dict) and "run" in body else body
-    items = items if isinstance(items, list) else [items]
-    return [parse_spec(item, config, f"{path}: run[{i}]" if len(items) > 1 else str(path))
-            for i, item in enumerate(items)]
