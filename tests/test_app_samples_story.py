@@ -115,3 +115,13 @@ def test_the_regression_pair_is_changed_with_the_spread_in_its_interval(samples_
     assert at.dataframe[0].value["verdict"].tolist() == ["changed"]
     with open_db(samples_db, read_only=True) as store:
         assert store.count_rows()["runs"] == 26
+
+
+def test_an_axis_mode_or_breakdown_that_does_not_exist_is_a_notice(samples_db, open_page):
+    at = open_page(samples_db, "trends", scale="sqrt", also="kernel:no_such_kernel")
+    assert not at.exception
+    assert [w.value for w in at.warning] == [
+        "`?scale=sqrt` matches no axes here: showing linear axes instead.",
+        "`?also=kernel:no_such_kernel` matches no also plot here: showing also plot: a category or a kernel instead."]
+    assert (at.query_params["scale"], at.query_params["also"]) == ("linear", "")
+    assert len(_spec(at)["vconcat"]) == 3
