@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 
 from db.store import open_db, run_tables
@@ -11,9 +12,9 @@ from db.store import open_db, run_tables
 from .categories import load_rule_chain
 from .errors import IngestError
 from .importer import ImportOptions, prepare_import
-from .limits import DEFAULT_LIMITS
+from .limits import DEFAULT_LIMITS, PROGRESS_AFTER_S
 from .priority import DatabaseThread
-from .progress import Progress
+from .progress import ImportBar, Progress
 from .runs.errors import RunError, SpecError
 from .runs.git import list_first_parent
 from .runs.repos import ROOT as REPO_ROOT, locate_repo
@@ -252,6 +253,16 @@ def _store_import(db: str, record, tables, facts) -> tuple[int, bool]:
     return run_id, created
 
 
+def _import_bar(meter) -> ImportBar:
+    """The import's progress bar, drawn once the import has run PROGRESS_AFTER_S (or
+    $STEPWATCH_PROGRESS_AFTER_S seconds)."""
+    try:
+        after_s = float(os.environ.get("STEPWATCH_PROGRESS_AFTER_S", PROGRESS_AFTER_S))
+    except ValueError:
+        after_s = PROGRESS_AFTER_S
+    return ImportBar(meter, sys.stderr, after_s=after_s)
+
+
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
     limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=args.max_trace_mb << 20, max_events=args.max_events)
@@ -259,7 +270,8 @@ def run_import(args) -> int:
     opts = ImportOptions(repo=args.repo, commit=resolved.sha if resolved else args.commit, variant=args.variant,
                          layers=args.layers, tok_per_s=args.tok_per_s, steps=args.steps, limits=limits)
     with args.db_thread or DatabaseThread() as db_thread:
-        record = prepare_import(args.path, rules, opts)  # all reading and checking happens here
+        # all reading and checking happens here; a bar on a terminal when it takes a while
+        record = prepare_import(args.path, rules, opts, watch=_import_bar if sys.stderr.isatty() else None)
         facts = resolved or _commit_facts(record.commit, record.repo, args.repo_path)
         tables = run_tables(record)  # here, at batch priority, before the database thread holds the file
         run_id, created = db_thread(_store_import, args.db, record, tables, facts)

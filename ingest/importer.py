@@ -8,6 +8,8 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,8 +22,10 @@ from kernels.bundle import LABEL_RULE, Manifest, is_bundle, is_label, read_bundl
 from .analyse import RankFigures, analyse_trace
 from .categories import Rule
 from .errors import IngestError, TraceError
+from .progress import ReadMeter
+from .rank_pool import json_sizes, map_in_processes, rank_workers
 from .ranks import find_waits
-from .trace_read import DEFAULT_LIMITS, ReadLimits, read_trace
+from .trace_read import DEFAULT_LIMITS, ReadLimits, metered, read_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # workload fields that say how a run was measured or which variant it is, not what it ran
@@ -99,8 +103,29 @@ def hash_traces(files: list[Path]) -> str:
 
 
 def analyse_files(files: list[Path], rules: list[Rule], steps: int | None,
-                  limits: ReadLimits = DEFAULT_LIMITS) -> list[RankFigures]:
-    figures = [analyse_trace(read_trace(f, limits=limits), rules, steps) for f in files]
+                  limits: ReadLimits = DEFAULT_LIMITS, meter: ReadMeter | None = None,
+                  workers: int | None = None) -> list[RankFigures]:
+    """Each file's figures, in rank order. Several files are read at once, each in a process of
+    its own (`workers`, default `rank_workers()`: the CPUs, bounded by memory; ingest/rank_pool.py),
+    with the same figures as rank after rank; a single file is read here (by two processes when
+    it is large). `meter` hears how far the reading got (for a progress bar)."""
+    if workers is None:
+        workers = rank_workers(json_sizes(files))
+
+    def one(index: int, split: bool | None = None) -> RankFigures:
+        with metered(meter.slot(index) if meter is not None else None):
+            return analyse_trace(read_trace(files[index], split=split, limits=limits), rules, steps)
+
+    done = meter.finished if meter is not None else None
+    if workers > 1 and len(files) > 1:
+        # readers in flight share the CPUs: each reads its file in one process
+        figures = map_in_processes(len(files), lambda index: one(index, split=False), workers, done)
+    else:
+        figures = []
+        for index in range(len(files)):
+            figures.append(one(index))
+            if done is not None:
+                done(index)
     ranks = [f.rank for f in figures]
     if len(set(ranks)) != len(ranks):
         raise IngestError(f"{files[0].parent}: several traces claim the same rank ({sorted(ranks)})")
@@ -196,8 +221,10 @@ def _manifest_dict(m: Manifest | None) -> dict | None:
     return asdict(m) if m is not None else None
 
 
-def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions) -> RunRecord:
-    """Read and analyse everything a path stands for; raise IngestError on bad input."""
+def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
+                   watch: Callable[[ReadMeter], AbstractContextManager] | None = None) -> RunRecord:
+    """Read and analyse everything a path stands for; raise IngestError on bad input. `watch`
+    (e.g. progress.ImportBar) is given the reading's meter and held open while the files are read."""
     path = Path(path)
     for field in ("repo", "commit", "variant"):
         check_label(field, getattr(opts, field))
@@ -210,7 +237,12 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions) -> 
     files, manifest, file_notes = find_traces(path)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
     content_hash = hash_traces(files)
-    figures = analyse_files(files, rules, steps, opts.limits)
+    if watch is None:
+        figures = analyse_files(files, rules, steps, opts.limits)
+    else:
+        meter = ReadMeter(files)
+        with watch(meter):
+            figures = analyse_files(files, rules, steps, opts.limits, meter)
     record = build_record(path, files, figures, manifest, opts, content_hash)
     record = dataclasses.replace(record, notes=file_notes + record.notes)
     return dataclasses.replace(record, diagnosis=diagnose_record(record))

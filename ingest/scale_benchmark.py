@@ -3,6 +3,15 @@ the real H200 capture kept in ingest/benchmark_data/, each timed against `json.l
 file in the same run. Not a test: it prints a table, ratios and the slope per 100 MB.
 
     .venv/bin/python -m ingest.scale_benchmark [--mb 50,178,535] [--repeat 3] [--keep]
+    .venv/bin/python -m ingest.scale_benchmark --ranks 8 [--rank-steps 30] [--repeat 3]
+
+The second form (issue 14: the ranks of a directory read at once) writes a directory of 8
+per-rank traces of the capture's 30 steps (~162 MB of JSON, 10.5 MB gzipped, each; the capture
+with a `distributedInfo` rank in its header, named `...-TP-<rank>.trace.json.gz`), checks that
+every rank's figures are the capture's and identical whether the ranks are read at once or rank
+after rank, then times `python -m ingest import DIR` against the import of one of its files
+alone, and with STEPWATCH_READ_PROCESSES=1 (everything in one process), each a whole command with
+its peak PSS summed over all its processes; the directory is deleted at the end.
 
 Building a larger trace (`build_scaled_trace`). The capture holds 30 profiled steps. Every event
 is given to a step: a host event (op, Python frame, runtime call, annotation) to the step whose
@@ -35,6 +44,7 @@ and its forked helper counts half to each, so the sum is the memory the command 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -230,11 +240,13 @@ def _pss_mb(pid: int) -> float:
     return 0.0
 
 
-def run_command(argv: list[str], poll_memory: bool = False, cwd: Path = ROOT) -> dict:
-    """Run argv to its end: wall seconds, and (poll_memory) the peak summed PSS of its tree."""
+def run_command(argv: list[str], poll_memory: bool = False, cwd: Path = ROOT, env: dict | None = None) -> dict:
+    """Run argv to its end: wall seconds, and (poll_memory) the peak summed PSS of its tree and
+    the most processes it had at once."""
     peak = {"pss_mb": 0.0, "processes": 1}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **env} if env else None)
     done = threading.Event()
 
     def poll() -> None:
@@ -286,9 +298,151 @@ def _make_db(path: str, tree: Path) -> None:
 JSON_LOAD = "import gzip, json, sys; json.load(gzip.open(sys.argv[1]))"
 
 
+# -- a directory of per-rank traces (issue 14: ranks read at once) ---------------------------
+
+def as_rank(src: Source, rank: int, world: int) -> Source:
+    """The capture as rank `rank` of `world` would write it: with torch's `distributedInfo` key
+    first in its header (the rest byte for byte)."""
+    brace = src.head.index(b"{") + 1
+    info = b'\n  "distributedInfo": {"backend": "nccl", "rank": %d, "world_size": %d},' % (rank, world)
+    return dataclasses.replace(src, head=src.head[:brace] + info + src.head[brace:])
+
+
+def build_rank_directory(src: Source, ranks: int, steps: int, out: Path) -> tuple[list[Path], dict]:
+    """Write `ranks` traces of `steps` steps each to directory `out`, named as SGLang's server
+    names per-rank traces (`...-TP-<rank>.trace.json.gz`); (the files, every rank's expected kernel
+    figures {name: [calls, total_us]}, the same for each rank)."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / f"scaled-{steps}steps-TP-{rank}.trace.json.gz" for rank in range(ranks)]
+    first = as_rank(src, 0, ranks)
+    expected = build_scaled_trace(first, steps, files[0])
+    body = igzip.decompress(files[0].read_bytes())[len(first.head):]
+    for rank, path in enumerate(files[1:], 1):  # the same events after another rank's header
+        path.write_bytes(igzip.compress(as_rank(src, rank, ranks).head + body, compresslevel=1))
+    return files, expected
+
+
+def check_rank_figures(directory: Path, expected: dict) -> dict:
+    """Import `directory` in this process (untimed), as the command does (ranks read at once)
+    and rank after rank in this process: every rank's figures must be identical both ways, and
+    each kernel's calls and total time must equal `expected`."""
+    import pandas as pd
+
+    from ingest.categories import load_rule_chain
+    from ingest.importer import analyse_files, find_traces
+    from ingest.rank_pool import json_sizes, rank_workers
+
+    files, _, _ = find_traces(directory)
+    rules = load_rule_chain()
+    workers = rank_workers(json_sizes(files))
+    at_once = analyse_files(files, rules, None)
+    in_turn = analyse_files(files, rules, None, workers=1)
+    worst = 0.0
+    for a, b in zip(at_once, in_turn, strict=True):
+        if a.rank != b.rank or a.notes != b.notes or a.steps != b.steps:
+            raise AssertionError(f"rank {a.rank}: read at once and in turn differ")
+        for table in ("kernel_stats", "step_table", "step_categories"):
+            pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
+        for arr in ("comm_start_us", "comm_end_us", "comm_step"):
+            if not np.array_equal(getattr(a, arr), getattr(b, arr)):
+                raise AssertionError(f"rank {a.rank}: {arr} differs")
+        got = a.kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
+        if set(got.index) != set(expected):
+            raise AssertionError(f"rank {a.rank}: kernel names differ from the expected ones")
+        for name, row in got.iterrows():
+            calls, total = expected[name]
+            if row.calls != calls:
+                raise AssertionError(f"rank {a.rank}: {name[:60]}: {row.calls} calls, expected {calls}")
+            worst = max(worst, abs(row.total_us - total) / max(total, 1e-12))
+    if worst > 1e-9:
+        raise AssertionError(f"a kernel's total time deviates by {worst:.2e}")
+    return {"ranks": [f.rank for f in at_once], "workers": workers, "kernels": len(expected),
+            "largest_deviation": worst}
+
+
+def rank_benchmark(src: Source, work: Path, trees: dict[str, Path], ranks: int, steps: int, repeat: int,
+                   check: bool) -> dict:
+    """Time `python -m ingest import DIR` (DIR: `ranks` per-rank traces of `steps` steps) against
+    the import of one of its files alone, each a whole command from here; with
+    STEPWATCH_READ_PROCESSES=1 too (every rank in one process: what one core does)."""
+    need = 2 * ranks * src.json_bytes // 10  # the traces gzipped (~16x) with room to spare
+    free = shutil.disk_usage(work).free
+    if free < need:
+        raise SystemExit(f"{work}: {free / 1e9:.1f} GB free, the rank traces need ~{need / 1e9:.1f} GB")
+    directory = work / f"ranks-{ranks}x{steps}"
+    files, expected = build_rank_directory(src, ranks, steps, directory)
+    with igzip.open(files[0], "rb") as f:
+        rank_json_mb = sum(len(b) for b in iter(lambda: f.read(1 << 24), b"")) / 1e6
+    result = {"ranks": ranks, "steps": steps, "rank_json_mb": rank_json_mb,
+              "stored_mb": sum(f.stat().st_size for f in files) / 1e6, "cpus": len(os.sched_getaffinity(0)),
+              "checked": None, "contenders": {}}
+    if check:
+        expected_path = work / "expected-ranks.json"
+        expected_path.write_text(json.dumps(expected))
+        out = subprocess.run([sys.executable, "-m", "ingest.scale_benchmark", "--check-ranks", str(directory),
+                              str(expected_path)], cwd=list(trees.values())[-1], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"figures of {directory} are not the expected ones: {out.stderr[-2000:]}")
+        result["checked"] = json.loads(out.stdout.strip().splitlines()[-1])
+        expected_path.unlink()
+    contenders = {}
+    for name, tree in trees.items():
+        contenders[f"{name}: one rank's file alone"] = (tree, files[0], None)
+        contenders[f"{name}: the directory of {ranks} ranks"] = (tree, directory, None)
+    last = list(trees)[-1]
+    contenders[f"{last}: the directory, STEPWATCH_READ_PROCESSES=1"] = (
+        trees[last], directory, {"STEPWATCH_READ_PROCESSES": "1"})
+    runs: dict[str, list[dict]] = {name: [] for name in contenders}
+    try:
+        for i in range(repeat):  # in turn, so that a busy moment hits every contender alike
+            for name, (tree, path, env) in contenders.items():
+                db = str(work / f"ranks-{i}.duckdb")
+                _make_db(db, tree)
+                load = os.getloadavg()[0]
+                r = run_command([sys.executable, "-m", "ingest", "import", str(path), "--db", db], cwd=tree, env=env)
+                runs[name].append({**r, "load": load})
+                _remove_db(db)
+        for name, (tree, path, env) in contenders.items():
+            db = str(work / "ranks-mem.duckdb")
+            _make_db(db, tree)
+            mem = run_command([sys.executable, "-m", "ingest", "import", str(path), "--db", db], cwd=tree, env=env,
+                              poll_memory=True)
+            _remove_db(db)
+            seconds = statistics.median(r["seconds"] for r in runs[name])
+            n = ranks if path == directory else 1
+            contenders_row = {"seconds": seconds, "per_rank_s": seconds / n, "files": n,
+                              "runs": [round(r["seconds"], 2) for r in runs[name]],
+                              "load": [round(r["load"], 1) for r in runs[name]],
+                              "pss_mb": mem["pss_mb"], "processes": mem["processes"]}
+            result["contenders"][name] = contenders_row
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return result
+
+
+def _remove_db(db: str) -> None:
+    for f in Path(db).parent.glob(Path(db).name + "*"):
+        f.unlink()
+
+
+def print_rank_table(result: dict) -> None:
+    ranks = result["ranks"]
+    print(f"\n{ranks} per-rank traces of {result['rank_json_mb']:.1f} MB of JSON each "
+          f"({result['stored_mb']:.1f} MB gzipped in all), {result['cpus']} CPUs; checked: {result['checked']}\n")
+    alone = {name.split(":")[0]: r["seconds"] for name, r in result["contenders"].items() if "alone" in name}
+    print("| command | files | wall s (median) | s per rank | one file alone / s per rank | "
+          "peak PSS MB, all processes | load (1 min) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, r in result["contenders"].items():
+        speed = alone[name.split(":")[0]] / r["per_rank_s"]
+        print(f"| {name} | {r['files']} | {r['seconds']:.2f} ({', '.join(map(str, r['runs']))}) | "
+              f"{r['per_rank_s']:.2f} | {speed:.2f}x | {r['pss_mb']:.0f} ({r['processes']} proc.) | "
+              f"{min(r['load']):.1f}-{max(r['load']):.1f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mb", default="50,178,535", help="sizes of JSON to build, in MB (comma-separated)")
+    p.add_argument("--mb", default=None, help="sizes of JSON to build, in MB (comma-separated; default 50,178,535)")
     p.add_argument("--repeat", type=int, default=3, help="runs of each contender; the median is kept")
     p.add_argument("--dir", default=None, help="where to write the traces (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the traces (under --dir)")
@@ -296,18 +450,41 @@ def main() -> None:
     p.add_argument("--tree", action="append", metavar="NAME=DIR",
                    help="also run the command from this source tree (e.g. `git archive` of another commit); "
                         "repeatable; default: this checkout alone")
+    p.add_argument("--ranks", type=int, default=0, metavar="N",
+                   help="time a directory of N per-rank traces (of --rank-steps steps each) against one of them "
+                        "alone; without --mb, only that")
+    p.add_argument("--rank-steps", type=int, default=30, help="steps of each rank's trace (30: ~162 MB of JSON)")
     p.add_argument("--check", nargs=2, metavar=("TRACE", "EXPECTED_JSON"), help=argparse.SUPPRESS)
+    p.add_argument("--check-ranks", nargs=2, metavar=("DIR", "EXPECTED_JSON"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.check:
         kernels, worst = check_figures(Path(args.check[0]), json.loads(Path(args.check[1]).read_text()))
         print(json.dumps({"kernels": kernels, "largest_deviation": worst}))
         return
+    if args.check_ranks:
+        directory, expected = Path(args.check_ranks[0]), json.loads(Path(args.check_ranks[1]).read_text())
+        print(json.dumps(check_rank_figures(directory, expected)))
+        return
     trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this checkout": str(ROOT)}
     trees = {name: Path(d).resolve() for name, d in trees.items()}
-    sizes = [float(x) for x in args.mb.split(",")]
+    if args.mb is None:
+        args.mb = "" if args.ranks else "50,178,535"
+    sizes = [float(x) for x in args.mb.split(",") if x]
     work = Path(args.dir or tempfile.mkdtemp(prefix="stepwatch-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     src = read_source()
+    if args.ranks:
+        try:
+            print(f"machine load before: {os.getloadavg()}", flush=True)
+            result = rank_benchmark(src, work, trees, args.ranks, args.rank_steps, args.repeat, not args.no_check)
+            print(json.dumps(result), flush=True)
+            print_rank_table(result)
+            print(f"\nmachine load after: {os.getloadavg()}")
+        finally:
+            if not sizes and not args.keep and not args.dir:
+                shutil.rmtree(work, ignore_errors=True)
+        if not sizes:
+            return
     key_avg = {r["name"]: r for r in json.loads((CAPTURE / "key_averages.json").read_text())}
     one = expected_kernels(src, [src.steps])
     ka_ok = all(key_avg[n]["count"] == c and abs(key_avg[n]["self_device_time_total_us"] - t) <= 1e-9 * t

@@ -37,6 +37,7 @@ from isal import igzip
 
 from .errors import TraceError
 from .limits import DEFAULT_LIMITS, ReadLimits
+from .progress import MeterSlot
 
 # ~1 MB pieces: a piece's decoded objects stay in the CPU's caches (8 MB pieces read 30 % slower)
 CHUNK_BYTES = 1 << 20
@@ -48,6 +49,21 @@ _INFLATION_CHECKED_FROM = 256 << 20
 
 
 _NO_RAW = msgspec.Raw(b"")
+
+# Where the read in progress reports how far it got (for a progress bar), or None: set around a
+# read by `metered`; written once per chunk read and once per piece decoded, never per event.
+_meter: MeterSlot | None = None
+
+
+@contextmanager
+def metered(slot: MeterSlot | None):
+    """Reads in this block report to `slot` (ingest/progress.py's ReadMeter)."""
+    global _meter
+    previous, _meter = _meter, slot
+    try:
+        yield
+    finally:
+        _meter = previous
 
 
 class Args(msgspec.Struct, gc=False):
@@ -172,6 +188,8 @@ class _Columns:
     def add(self, events: list[Event], number: int) -> None:
         first = self.events_seen
         self.events_seen += len(events)
+        if _meter is not None:
+            _meter.decoded(self.events_seen)
         if self.events_seen > self.limits.max_events:
             raise TraceError(self.path, f"holds more than {self.limits.max_events:,} events (the limit; "
                                         "raise it with --max-events)")
@@ -353,6 +371,8 @@ def read_trace(path: str | os.PathLike, *, split: bool | None = None, chunk_byte
     JSON, a wrong type, a cut that fell inside a string) sends the read to the one-process
     reader, which alone says what is wrong and where."""
     path = Path(path)
+    if _meter is not None:
+        _meter.start()
     if split is None:
         split = _worth_splitting(path, chunk_bytes)
     if split:
@@ -413,6 +433,7 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = 
     piece that has no event boundary (one huge event, or a huge run of whitespace)."""
     stored = _stored_size(path)
     with open_trace_stream(path) as stream:
+        raw = getattr(stream, "fileobj", stream)  # the file on disk (under a gzip stream)
         header, rest = _open_events(stream, path)
         total = len(rest)
         buf = bytearray(max(3 * chunk_bytes, 2 * len(rest) + 2))
@@ -444,6 +465,8 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = 
                 end += got
                 total += got
                 _check_size(path, total, stored, limits)
+                if _meter is not None:
+                    _meter.read(raw.tell())
                 continue
             if not on_piece(number, buf, start, cut + 1):
                 lo = cut + 1
@@ -486,6 +509,8 @@ def _move_to_front(buf: bytearray, start: int, end: int, room: int) -> bytearray
 
 
 def _read_serial(path: Path, chunk_bytes: int, limits: ReadLimits = DEFAULT_LIMITS) -> RawTrace:
+    if _meter is not None:
+        _meter.start()  # (again, after a split read that fell back to this one)
     cols = _Columns(path, limits)
 
     def on_piece(number: int, buf: bytearray, start: int, end: int) -> bool:
@@ -758,8 +783,11 @@ def _helper_main(path: Path, chunk_bytes: int, claims: _Claims, limits: ReadLimi
     """The helper process: decode the pieces it reaches first and send their columns back. It must never
     outlive the importer: it dies with it (parent-death signal), and it holds no copy of the
     parent's end of the pipe, so a send to a dead parent fails instead of blocking for ever."""
+    global _meter
     _die_with_parent(parent)
     parents_end.close()
+    if _meter is not None:
+        _meter = _meter.for_helper()  # its events count apart; the main process reports the bytes
     # Ctrl-C reaches the whole process group: the parent stops this helper itself (terminate),
     # so the helper must not die printing a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
