@@ -93,11 +93,10 @@ def describe_verdict(v, source_a: str | None, source_b: str | None):
     """The pair's step-time verdict as one Markdown sentence: the change with its interval,
     the sample counts and the rank test's p, and what the verdict means."""
     from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
-    from ingest.regress.uncertainty import CHANGED, NOISE_MULTIPLE, NOT_ENOUGH, fewest_steps
-
-    from .markdown_text import format_markdown
+    from ingest.regress.uncertainty import CHANGED, NOISE_MULTIPLE, NOT_ENOUGH, fewest_steps, spread_bound
 
     from .labels import format_rel as pct
+    from .markdown_text import format_markdown
 
     kinds = source_a if source_a == source_b else f"{source_a or 'no'} and {source_b or 'no'}"
     steps = f"{v.n_a} and {v.n_b} {kinds} steps"
@@ -107,7 +106,7 @@ def describe_verdict(v, source_a: str | None, source_b: str | None):
                                steps, ALPHA, fewest_steps())
     head = "Changed" if v.verdict == CHANGED else "Within noise"
     if v.beyond_spread is False:
-        need = math.expm1(NOISE_MULTIPLE * math.sqrt(2) * v.spread) * 100
+        need = math.expm1(spread_bound(v.spread)) * 100
         tail = (f", short of a change: runs of the same code differ by {v.spread * 100:.1f} % here (the spread of "
                 f"{v.spread_pairs} repeated {'run' if v.spread_pairs == 1 else 'runs'} of this workload), so a change "
                 f"between two runs must pass {need:.0f} % ({NOISE_MULTIPLE:g} standard errors, as Regressions asks)")

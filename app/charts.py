@@ -202,9 +202,9 @@ def change_rows(diff: pd.DataFrame) -> pd.DataFrame:
                          "delta_ms": [total] + diff["delta_ms_per_step"].astype(float).tolist()})
     rows["kind"] = ["total"] + ["slower" if d > 0 else "faster" if d < 0 else "same" for d in rows["delta_ms"][1:]]
     lows, highs = [None], [None]
+    spreads = all(c in diff.columns for c in ("a_sd_ms", "b_sd_ms", "a_steps", "b_steps"))
     for r in diff.itertuples():
-        known = all(c in diff.columns for c in ("a_sd_ms", "b_sd_ms", "a_steps", "b_steps")) and \
-            pd.notna(r.a_steps) and pd.notna(r.b_steps) and min(r.a_steps, r.b_steps) >= 2
+        known = spreads and pd.notna(r.a_steps) and pd.notna(r.b_steps) and min(r.a_steps, r.b_steps) >= 2
         low, high, _ = welch_interval(r.a_ms_per_step, r.a_sd_ms, int(r.a_steps), r.b_ms_per_step, r.b_sd_ms,
                                       int(r.b_steps)) if known else (None, None, None)
         lows.append(low)

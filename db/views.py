@@ -336,8 +336,7 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
     # a kernel's rows of several source lines are summed; their step-to-step spreads are added
     # as independent (the root of the summed variances): an approximation, said in the page
     side = ("SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
-            "   sum(ms_per_step) AS ms_per_step, sum(share) AS share, sqrt(sum(ms_per_step_sd ^ 2)) AS sd,"
-            "   (SELECT steps FROM runs WHERE run_id = ?) AS steps"
+            "   sum(ms_per_step) AS ms_per_step, sum(share) AS share, sqrt(sum(ms_per_step_sd ^ 2)) AS sd"
             "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY name, launcher")
     return store.con.execute(
         f"WITH a AS ({side}), b AS ({side}),"
@@ -354,7 +353,7 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
         "    AND abs(delta_ms_per_step) <= greatest(? * a_ms_per_step, 0.001) THEN 'same'"
         "   ELSE 'changed' END AS change, *"
         " FROM j ORDER BY abs(delta_ms_per_step) DESC, name, launcher",
-        [run_a, run_a, rank, run_b, run_b, rank, run_a, run_b, same_within],
+        [run_a, rank, run_b, rank, run_a, run_b, same_within],
     ).df()
 
 

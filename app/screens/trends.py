@@ -41,8 +41,6 @@ def choose_series(series):
     return repo, engine, device, workload_id, last, keys
 
 
-
-
 def describe_breakdown(what: str, limit: int = 80) -> str:
     """'category cast' or 'kernel unrolled_elementwise_kernel<…>' for a list_trend_breakdowns value."""
     kind, _, name = what.partition(":")

@@ -66,6 +66,18 @@ class Verdict:
     beyond_spread: bool | None = None  # |log(1 + rel)| clears NOISE_MULTIPLE * sqrt(2) * spread (None: unknown)
 
 
+def spread_bound(spread: float) -> float:
+    """The log change two single runs must clear when runs of the same code differ by `spread`
+    (sd of log run time): NOISE_MULTIPLE standard errors of a difference of two runs."""
+    return NOISE_MULTIPLE * math.sqrt(2) * spread
+
+
+def _decide(p: float, rel: float, beyond: bool | None, alpha: float, min_rel_change: float) -> str:
+    """The rule every verdict here follows (detection's): p < alpha, at least min_rel_change, and
+    beyond the run-to-run spread where it is known (`beyond` None: unknown)."""
+    return CHANGED if p < alpha and abs(rel) >= min_rel_change and beyond is not False else WITHIN_NOISE
+
+
 def smallest_p(n_a: int, n_b: int) -> float:
     """The smallest two-sided p a rank test of n_a against n_b samples can give (no overlap)."""
     if n_a == 0 or n_b == 0:
@@ -103,15 +115,10 @@ def compare_samples(a: Sequence[float], b: Sequence[float], *, alpha: float = AL
         run_half = _Z95 * math.sqrt(2) * spread
         low = math.expm1(centre - math.hypot(half[0], run_half))
         high = math.expm1(centre + math.hypot(half[1], run_half))
-        beyond = abs(centre) >= NOISE_MULTIPLE * math.sqrt(2) * spread
+        beyond = abs(centre) >= spread_bound(spread)
     else:
         spread = None
-    if smallest_p(n_a, n_b) >= alpha:
-        verdict = NOT_ENOUGH
-    elif p < alpha and abs(rel) >= min_rel_change and beyond is not False:
-        verdict = CHANGED
-    else:
-        verdict = WITHIN_NOISE
+    verdict = NOT_ENOUGH if smallest_p(n_a, n_b) >= alpha else _decide(p, rel, beyond, alpha, min_rel_change)
     return Verdict(n_a, n_b, med_a, med_b, rel, low, high, p, verdict, spread, spread_pairs if spread is not None
                    else 0, beyond)
 
@@ -145,11 +152,11 @@ def compare_means(mean_a: float, sd_a: float | None, n_a: int, mean_b: float, sd
     if spread is not None and math.isfinite(spread) and rel > -1:
         run_half = _Z95 * math.sqrt(2) * spread * (1 + rel)
         low, high = rel - math.hypot(half, run_half), rel + math.hypot(half, run_half)
-        beyond = abs(math.log1p(rel)) >= NOISE_MULTIPLE * math.sqrt(2) * spread
+        beyond = abs(math.log1p(rel)) >= spread_bound(spread)
     else:
         spread = None
-    verdict = CHANGED if p < alpha and abs(rel) >= min_rel_change and beyond is not False else WITHIN_NOISE
-    return Verdict(n_a, n_b, mean_a, mean_b, rel, low, high, p, verdict, spread, 0, beyond)
+    return Verdict(n_a, n_b, mean_a, mean_b, rel, low, high, p, _decide(p, rel, beyond, alpha, min_rel_change),
+                   spread, 0, beyond)
 
 
 def welch_interval(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int
