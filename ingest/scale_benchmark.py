@@ -269,6 +269,21 @@ def run_command(argv: list[str], poll_memory: bool = False, cwd: Path = ROOT, en
     return {"seconds": seconds, **peak}
 
 
+def _kernel_deviation(stats, expected: dict, where: str) -> float:
+    """Each kernel's calls and total time (summed by name) against `expected` {name: (calls,
+    total_us)}: raises on other names or calls; the largest relative deviation of a total."""
+    got = stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
+    if set(got.index) != set(expected):
+        raise AssertionError(f"{where}: kernel names differ from the expected ones")
+    worst = 0.0
+    for name, row in got.iterrows():
+        calls, total = expected[name]
+        if row.calls != calls:
+            raise AssertionError(f"{where}: {name[:60]}: {row.calls} calls, expected {calls}")
+        worst = max(worst, abs(row.total_us - total) / max(total, 1e-12))
+    return worst
+
+
 def check_figures(trace: Path, expected: dict) -> tuple[int, float]:
     """Import `trace` in this process (untimed) and compare each kernel's calls and total time
     with `expected`: (kernels compared, largest relative deviation of a total)."""
@@ -276,18 +291,10 @@ def check_figures(trace: Path, expected: dict) -> tuple[int, float]:
     from ingest.importer import ImportOptions, prepare_import
 
     stats = prepare_import(trace, load_rule_chain(), ImportOptions()).kernel_stats
-    got = stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
-    if set(got.index) != set(expected):
-        raise AssertionError(f"{trace}: kernel names differ from the expected ones")
-    worst = 0.0
-    for name, row in got.iterrows():
-        calls, total = expected[name]
-        if row.calls != calls:
-            raise AssertionError(f"{trace}: {name[:60]}: {row.calls} calls, expected {calls}")
-        worst = max(worst, abs(row.total_us - total) / max(total, 1e-12))
+    worst = _kernel_deviation(stats, expected, str(trace))
     if worst > 1e-9:
         raise AssertionError(f"{trace}: a kernel's total time deviates by {worst:.2e}")
-    return len(got), worst
+    return len(expected), worst
 
 
 def _make_db(path: str, tree: Path) -> None:
@@ -346,14 +353,7 @@ def check_rank_figures(directory: Path, expected: dict) -> dict:
         for arr in ("comm_start_us", "comm_end_us", "comm_step"):
             if not np.array_equal(getattr(a, arr), getattr(b, arr)):
                 raise AssertionError(f"rank {a.rank}: {arr} differs")
-        got = a.kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
-        if set(got.index) != set(expected):
-            raise AssertionError(f"rank {a.rank}: kernel names differ from the expected ones")
-        for name, row in got.iterrows():
-            calls, total = expected[name]
-            if row.calls != calls:
-                raise AssertionError(f"rank {a.rank}: {name[:60]}: {row.calls} calls, expected {calls}")
-            worst = max(worst, abs(row.total_us - total) / max(total, 1e-12))
+        worst = max(worst, _kernel_deviation(a.kernel_stats, expected, f"rank {a.rank}"))
     if worst > 1e-9:
         raise AssertionError(f"a kernel's total time deviates by {worst:.2e}")
     return {"ranks": [f.rank for f in at_once], "workers": workers, "kernels": len(expected),

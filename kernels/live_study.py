@@ -398,6 +398,13 @@ def fits_32bit(pool2d, out2d, rows_total: int, dim: int, vec: int) -> bool:
                rows_total) < 2**31 - 2**20
 
 
+def _study_grid(pool2d, most_rows: int, dim: int, vec: int, cfg: dict) -> int:
+    """kv_cast._launch_gather_live's bounded grid, with `cfg`'s programs per SM."""
+    blocks = max(triton.cdiv(most_rows * (dim // vec), cfg["CHUNKS"]), triton.cdiv(most_rows, cfg["ROWS"]))
+    return max(1, min(blocks, kv_cast._count_sms(torch.cuda.current_device()) * cfg["PROGRAMS_PER_SM"]
+                      if pool2d.is_cuda else 4))
+
+
 def launch_candidate(pool2d, rows, index, count, out2d, n_max, capacity, page, cfg: dict) -> None:
     """The candidate's _launch_gather_live: 32-bit offsets when every offset fits (cfg OFFSETS_32)."""
     dim = pool2d.shape[1]
@@ -406,9 +413,7 @@ def launch_candidate(pool2d, rows, index, count, out2d, n_max, capacity, page, c
     if most_rows == 0:
         return
     vec = _piece(dim, cfg["VEC"])
-    blocks = max(triton.cdiv(most_rows * (dim // vec), cfg["CHUNKS"]), triton.cdiv(most_rows, cfg["ROWS"]))
-    grid = max(1, min(blocks, kv_cast._count_sms(torch.cuda.current_device()) * cfg["PROGRAMS_PER_SM"]
-                      if pool2d.is_cuda else 4))
+    grid = _study_grid(pool2d, most_rows, dim, vec, cfg)
     most_pieces = min(n_max, capacity) * page * (dim // vec) + (grid + 1) * cfg["CHUNKS"]
     most_elements = max(pool2d.shape[0] * pool2d.stride(0), out2d.shape[0] * out2d.stride(0))
     offsets_32 = cfg.get("OFFSETS_32", True) and max(most_pieces, most_elements, n_max, rows.numel()) < 2**31
@@ -425,6 +430,7 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
     main, tail = _row_tiles(dim)
     vec = _piece(dim, cfg["VEC"])
     off32 = var.get("off32", False) and fits_32bit(pool2d, out2d, min(n_max, capacity) * page, dim, vec)
+    most = max(min(n_max, capacity) * page, n_max if index is not None else 0)
     args = (pool2d, rows, index if index is not None else rows, count, out2d, n_max, capacity, pool2d.stride(0),
             out2d.stride(0))
     kwargs = dict(PAGE=page, WRITE_INDEX=index is not None, ROWS=cfg["ROWS"], CHUNKS=cfg["CHUNKS"], VEC=vec,
@@ -442,10 +448,7 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
         kwargs["EARLY"] = var["early"]
         if var.get("maxnreg"):
             kwargs["maxnreg"] = var["maxnreg"]
-        most = max(min(n_max, capacity) * page, n_max if index is not None else 0)
-        blocks = max(triton.cdiv(most * (dim // vec), cfg["CHUNKS"]), triton.cdiv(most, cfg["ROWS"]))
-        grid = max(1, min(blocks, kv_cast._count_sms(torch.cuda.current_device()) * cfg["PROGRAMS_PER_SM"]
-                          if pool2d.is_cuda else 4))
+        grid = _study_grid(pool2d, most, dim, vec, cfg)
         _early_gather_kernel[(grid,)](*args, **kwargs)
         return
     if var.get("persist"):
@@ -453,10 +456,7 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
         grid = _persistent_grid(_study_gather_kernel, key, args, dict(kwargs), pool2d.device)
         grid = grid * var.get("resident_scale", 1)
     else:
-        most = max(min(n_max, capacity) * page, n_max if index is not None else 0)
-        blocks = max(triton.cdiv(most * (dim // vec), cfg["CHUNKS"]), triton.cdiv(most, cfg["ROWS"]))
-        grid = max(1, min(blocks, kv_cast._count_sms(torch.cuda.current_device()) * cfg["PROGRAMS_PER_SM"]
-                          if pool2d.is_cuda else 4))
+        grid = _study_grid(pool2d, most, dim, vec, cfg)
     _study_gather_kernel[(grid,)](*args, **kwargs)
 
 

@@ -222,16 +222,22 @@ def test_fits_int32_counts_row_strides_not_only_shapes():
 
 # --- live-row kernels: Triton's interpreter against the fallbacks --------------------------
 
-_INTERPRETED = r"""
+# both interpreted scripts compare tensors with this
+_SAME = r"""
 import torch
-from kernels.kv_cast import (FP8, LIVE_CONFIG, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_fp8_to_bf16,
-                             gather_cast_live_pages, gather_cast_live_rows)
+
 
 def same(a, b):  # every bit, except that a NaN only has to be NaN (torch on the CPU writes other bits)
     if a.dtype != torch.bfloat16:
         return torch.equal(a, b)
     nan = torch.isnan(b)
     return torch.equal(torch.isnan(a), nan) and torch.equal(a.view(torch.int16)[~nan], b.view(torch.int16)[~nan])
+"""
+
+_INTERPRETED = _SAME + r"""
+from kernels.kv_cast import (FP8, LIVE_CONFIG, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_fp8_to_bf16,
+                             gather_cast_live_pages, gather_cast_live_rows)
+
 
 def both(fn, *tensors):
     got = [t.clone() for t in tensors]
@@ -286,16 +292,10 @@ print("ok" if not failures else "FAILED")
 # Each offset width of the compact gather, forced through its launcher (callers pass None and get
 # int32 for any pool under 2**31 elements, so int64 is otherwise never run here): the launcher
 # calls of gather_cast_live_rows and gather_cast_live_pages, written out with offsets_32 added.
-_OFFSET_WIDTHS = r"""
-import torch
+_OFFSET_WIDTHS = _SAME + r"""
 from kernels.kv_cast import (LIVE_CONFIG, _as_pool_2d, _launch_gather_live, _launch_index_pages,
                              gather_cast_live_pages, gather_cast_live_rows)
 
-def same(a, b):  # every bit, except that a NaN only has to be NaN (torch on the CPU writes other bits)
-    if a.dtype != torch.bfloat16:
-        return torch.equal(a, b)
-    nan = torch.isnan(b)
-    return torch.equal(torch.isnan(a), nan) and torch.equal(a.view(torch.int16)[~nan], b.view(torch.int16)[~nan])
 
 def rows_call(width, pool, rows, count, out, index):
     if width == "fallback":
