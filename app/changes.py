@@ -8,10 +8,14 @@ import math
 
 import pandas as pd
 
+from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
+
 # kernel names are shortened as the diagnosis sentences shorten them (a pure function of a string)
 from ingest.regress.diagnose import shorten_kernel_name
+from ingest.regress.uncertainty import CHANGED, NOISE_MULTIPLE, NOT_ENOUGH, compare_means, fewest_steps, spread_bound
 
-from .labels import format_percent
+from .labels import format_percent, format_rel
+from .markdown_text import format_markdown
 
 KINDS = {"speed": "speed (tok/s, step ms)", "structure": "structure (kernel calls per step)", "all": "all metrics"}
 DIRECTIONS = {"all": "regressions and improvements", "regression": "regressions", "improvement": "improvements"}
@@ -55,8 +59,6 @@ def format_metric_value(metric: str, value: float) -> str:
 
 def format_rel_change(rel_change: float) -> str:
     """'-89.9 %' or '9.8x'; a kernel that appears (from 0) is 'new'."""
-    from .labels import format_rel
-
     return "new (0 before)" if math.isinf(rel_change) else format_rel(rel_change)
 
 
@@ -92,12 +94,6 @@ def describe_change(row) -> str:
 def describe_verdict(v, source_a: str | None, source_b: str | None):
     """The pair's step-time verdict as one Markdown sentence: the change with its interval,
     the sample counts and the rank test's p, and what the verdict means."""
-    from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
-    from ingest.regress.uncertainty import CHANGED, NOISE_MULTIPLE, NOT_ENOUGH, fewest_steps, spread_bound
-
-    from .labels import format_rel as pct
-    from .markdown_text import format_markdown
-
     kinds = source_a if source_a == source_b else f"{source_a or 'no'} and {source_b or 'no'}"
     steps = f"{v.n_a} and {v.n_b} {kinds} steps"
     if v.verdict == NOT_ENOUGH:
@@ -122,8 +118,8 @@ def describe_verdict(v, source_a: str | None, source_b: str | None):
     mixed = (" A's and B's steps were timed differently (with and without the profiler), so part of the difference "
              "may be the profiler's." if source_a != source_b else "")
     return format_markdown("**{}**: step time {} (95 % interval {} to {}; {}; rank test p = {:.2g}){}; tok/s {}.{}{}",
-                           head, pct(v.rel), pct(v.ci_low), pct(v.ci_high), steps, v.p, tail,
-                           pct(1 / (1 + v.rel) - 1), spread, mixed)
+                           head, format_rel(v.rel), format_rel(v.ci_low), format_rel(v.ci_high), steps, v.p, tail,
+                           format_rel(1 / (1 + v.rel) - 1), spread, mixed)
 
 
 KERNEL_KINDS = ["added", "removed", "changed", "within noise", "not enough data"]
@@ -135,8 +131,6 @@ def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFra
     exact); otherwise compare_means' verdict on its ms per step (Welch's test on the profiled
     steps, at least 3 %, beyond the run-to-run `spread` where known). Adds `p` and the 95 %
     interval of the relative change (`ci_low`, `ci_high`)."""
-    from ingest.regress.uncertainty import CHANGED, compare_means
-
     kinds, ps, lows, highs = [], [], [], []
     for r in diff.itertuples():
         p = low = high = None

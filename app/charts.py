@@ -6,6 +6,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from ingest.regress.uncertainty import welch_interval
+
 from .changes import describe_change
 from .labels import label_commit
 
@@ -195,8 +197,6 @@ def change_rows(diff: pd.DataFrame) -> pd.DataFrame:
     Each category with step-to-step spreads on both sides gets `low`/`high`, the 95 % interval
     of its change (Welch, over the profiled steps), and `noise`: whether that interval holds 0
     (the change is within the steps' noise); the label says so."""
-    from ingest.regress.uncertainty import welch_interval
-
     total = float(diff["delta_ms_per_step"].sum())
     rows = pd.DataFrame({"part": ["step"] + diff["category"].tolist(),
                          "delta_ms": [total] + diff["delta_ms_per_step"].astype(float).tolist()})

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ingest.runs.spec import WORKLOAD_MAXIMA as MAX, Config
+from ingest.runs.spec import WORKLOAD_MAXIMA as MAX
+from ingest.runs.spec import Config
+from kernels.names import KV_STRATEGIES
+from kernels.names import PRESET_NAMES as PRESETS
 
 from .job_form import FormInput
 
@@ -29,8 +32,6 @@ def _commits() -> dict:
 
 
 def ask_reference(config: Config) -> FormInput:
-    from kernels.names import KV_STRATEGIES, PRESET_NAMES as PRESETS  # torch-free
-
     common = _common(config)
     repo = st.text_input("Repository", placeholder="this checkout (stepwatch), or a name from the config's [repos]",
                          key="repo")

@@ -419,7 +419,7 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
             "changes": list_changes_at_commit_of_run(store, run_b)}
 
 
-# -- confirmed changes (written by ingest.regress.track) -------------------------------------
+# -- confirmed changes (written by ingest.runs.track) -------------------------------------
 # one change with its series' names and both commits' facts; `series_id` names the series
 # (repo, engine, GPU, workload key, variant) by the first 10 hex digits of an md5, for URLs
 _CHANGES = (

@@ -9,19 +9,20 @@ import sys
 
 from db.store import open_db, run_tables
 
-from .categories import load_rule_chain
 from .errors import IngestError
-from .importer import ImportOptions, prepare_import
 from .limits import DEFAULT_LIMITS, PROGRESS_AFTER_S
 from .priority import DatabaseThread
-from .progress import ImportBar, Progress
+from .runs.connect import make_host_for
 from .runs.errors import RunError, SpecError
 from .runs.git import list_first_parent
-from .runs.repos import ROOT as REPO_ROOT, locate_repo
+from .runs.repos import ROOT as REPO_ROOT
+from .runs.repos import locate_repo
 from .runs.spec import load_config, parse_spec
 from .runs.survival import process_stamp
-from .runs.worker import check_runnable, execute_job, make_host_for, run_worker, worker_name
-
+from .runs.worker import check_runnable, execute_job, run_worker, worker_name
+from .traces.categories import load_rule_chain
+from .traces.importer import ImportOptions, prepare_import
+from .traces.progress import ImportBar, Progress
 
 _WORKLOAD_FLAGS = ("preset", "kv", "cuda_graph", "model_path", "load_format", "kv_cache_dtype",
                    "attention_backend", "batch_size", "input_len", "output_len", "context", "tp", "profile_steps")
@@ -149,13 +150,13 @@ def run_cancel(args) -> int:
 
 
 def run_samples(args) -> int:
-    from .samples import load_samples
+    from .traces.samples import load_samples
 
     with open_db(args.db) as store:
         if store.count_rows()["runs"]:
             print("the database already has runs: samples not loaded", file=sys.stderr)
             return 0
-    from .regress.track import track_changes
+    from .runs.track import track_changes
 
     n = load_samples(args.db, load_rule_chain())
     with open_db(args.db) as store:
@@ -217,12 +218,12 @@ def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
 
 
 def run_check(args) -> int:
+    from db.series import list_series
+
     from .regress.report import format_markdown
-    from .regress.track import analyse_series
     from .runs.git import resolve_ref
     from .runs.hosts import LocalHost
-
-    from db.series import list_series
+    from .runs.track import analyse_series
 
     config = load_config(args.config)
     name, path = locate_repo(args.repo, config, repo_path=args.repo_path)
@@ -276,7 +277,7 @@ def run_import(args) -> int:
         tables = run_tables(record)  # here, at batch priority, before the database thread holds the file
         run_id, created = db_thread(_store_import, args.db, record, tables, facts)
         if created and record.commit:
-            from .regress.track import follow_run
+            from .runs.track import follow_run
 
             follow_run(args.db, run_id, db_thread)  # its own short connections: the detection runs with none open
     print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "

@@ -24,5 +24,5 @@ DEFAULT_LIMITS = ReadLimits()
 MAX_ATTEMPTS = 2  # a job's attempts when its worker dies: one retry (ingest/runs/survival.py)
 
 # An import draws a progress bar on a terminal only once it has run this long (short ones stay
-# silent); STEPWATCH_PROGRESS_AFTER_S overrides it (ingest/progress.py)
+# silent); STEPWATCH_PROGRESS_AFTER_S overrides it (ingest/traces/progress.py)
 PROGRESS_AFTER_S = 2.0

@@ -36,10 +36,10 @@ except ImportError:  # pragma: no cover - depends on the machine
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
 
-# Launch parameters; kernels.gpu_suite re-checks them with a small sweep on each run.
+# Launch parameters; kernels.studies.gpu_suite re-checks them with a small sweep on each run.
 # Whole-buffer cast: 4096 elements per program, 4 warps (97 % of copy bandwidth on the H200).
 CAST_CONFIG = {"BLOCK": 4096, "num_warps": 4}
-# Gather: whole rows, 8 per program, 4 warps: the best of a sweep on the H200 (kernels/tune_gather.py,
+# Gather: whole rows, 8 per program, 4 warps: the best of a sweep on the H200 (kernels/studies/tune_gather.py,
 # kernels/BENCHMARKS.md): 80 % of copy bandwidth at 64K random rows, 90 % at 256K.
 GATHER_CONFIG = {"ROWS": 8, "num_warps": 4}
 
@@ -295,7 +295,7 @@ def cast_rows_fp8_to_bf16(
 # caller then sizes the scratch like the pool) and leave the row ids as they are.
 
 # Bounded grid: compact gathers move CHUNKS pieces of VEC elements per loop iteration, positional
-# ones ROWS whole rows; kernels.serving_grid sweeps these on the GPU (512 pieces of 16, 32 programs
+# ones ROWS whole rows; kernels.studies.serving_grid sweeps these on the GPU (512 pieces of 16, 32 programs
 # per SM, 8 warps was the best of 12 on the H200, 2026-11-30; kernels/BENCHMARKS.md section 6).
 LIVE_CONFIG = {"ROWS": 16, "CHUNKS": 512, "VEC": 16, "PROGRAMS_PER_SM": 32, "num_warps": 8}
 # Page-table index kernel: one program row per request, SPLIT programs each, BLOCK entries a step.

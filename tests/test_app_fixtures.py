@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 
 from db.store import open_db
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, prepare_import
-from ingest.regress.track import track_changes
 from ingest.runs.spec import parse_spec
+from ingest.runs.track import track_changes
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
 from tests.helpers import DATA, ROOT
 
 SAMPLES = ROOT / "app" / "sample_data"

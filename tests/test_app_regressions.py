@@ -79,9 +79,9 @@ def test_no_change_in_the_stepwatch_samples_says_what_was_checked(tmp_path, open
     import json
 
     from db.store import open_db
-    from ingest.categories import load_rule_chain
-    from ingest.regress.track import track_changes
-    from ingest.samples import SAMPLE_DIR, load_samples
+    from ingest.runs.track import track_changes
+    from ingest.traces.categories import load_rule_chain
+    from ingest.traces.samples import SAMPLE_DIR, load_samples
 
     only = tmp_path / "samples"
     only.mkdir()

@@ -1,6 +1,6 @@
 """The dashboard as a new user first sees it: the database `./run.sh` makes (`python -m ingest
 samples`: every bundle in app/sample_data, real H200 runs), page by page (AppTest). The sample
-series of glm5-serving-demo (kernels/demo_series.py: a demonstration repository whose commits
+series of glm5-serving-demo (kernels/studies/demo_series.py: a demonstration repository whose commits
 switch the MLA backend's KV strategy, each commit measured twice on the H200) holds a real
 regression and its fix; the stepwatch series hold none. Each delta is shown with its noise."""
 

@@ -27,13 +27,20 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app.markdown_text import (WORD_JOINER, Markdown, escape_markdown, escape_markdown_keeping_code,
-                               format_code_span, format_markdown, format_markdown_list)
+from app.markdown_text import (
+    WORD_JOINER,
+    Markdown,
+    escape_markdown,
+    escape_markdown_keeping_code,
+    format_code_span,
+    format_markdown,
+    format_markdown_list,
+)
 from db.store import open_db
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, diagnose_record, find_workload_key, prepare_import
-from ingest.regress.track import track_changes
 from ingest.runs.spec import parse_spec
+from ingest.runs.track import track_changes
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, diagnose_record, find_workload_key, prepare_import
 from tests.helpers import ROOT
 from tests.test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _wait_http, start_streamlit
 

@@ -3,7 +3,7 @@ names printed in public SGLang / vLLM / InferenceX / Hugging Face profiles (cite
 
 import pytest
 
-from ingest.categories import RulesError, categorise, load_rule_chain, load_rules
+from ingest.traces.categories import RulesError, categorise, load_rule_chain, load_rules
 
 RULES = load_rule_chain()
 

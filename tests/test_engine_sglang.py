@@ -22,12 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, prepare_import
 from ingest.runs.engines.sglang import (
     LAYERS_SCRIPT,
-    VERSIONS_SCRIPT,
     SERVER_DRIVER_SCRIPT,
+    VERSIONS_SCRIPT,
     BenchFlags,
     PatchFailed,
     build_driver_config,
@@ -36,9 +34,9 @@ from ingest.runs.engines.sglang import (
     build_server_argv,
     build_server_env,
     check_server_workload,
-    explain_missing_decode,
     count_profiled_steps,
     detect_bench_flags,
+    explain_missing_decode,
     find_bench_module,
     find_decode_trace,
     find_server_traces,
@@ -55,6 +53,8 @@ from ingest.runs.engines.sglang import (
 from ingest.runs.errors import CommandCancelled, CommandFailed, CommandTimeout, RunError
 from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import Config, HostConfig, RepoConfig, RunSpec, Workload
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
 from kernels.bundle import read_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from ingest.analyse import analyse_trace
-from ingest.categories import load_rule_chain
 from ingest.cli import main
-from ingest.trace_read import read_trace
+from ingest.traces.analyse import analyse_trace
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.trace_read import read_trace
 from tests.helpers import DATA
 
 H200 = DATA / "h200"

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from ingest.runs.connect import make_host
 from ingest.runs.errors import CommandCancelled, CommandFailed, CommandTimeout, HostError
-from ingest.runs.hosts import LocalHost, make_host
+from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import HostConfig
 from ingest.runs.ssh import SSHHost, describe_ssh_failure
-
 from tests.helpers import ROOT
 
 SSHD_DIR = os.environ.get("STEPWATCH_TEST_SSHD_DIR", "/tmp/stepwatch-sshd")

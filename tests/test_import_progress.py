@@ -1,4 +1,4 @@
-"""The import's progress bar (ingest/progress.py): the real command run on a pseudo-terminal draws
+"""The import's progress bar (ingest/traces/progress.py): the real command run on a pseudo-terminal draws
 one bar on stderr with the bytes read and the events decoded, of every rank of a directory
 together; run on a pipe, or when it ends before the threshold, it writes nothing but its result.
 The threshold (PROGRESS_AFTER_S, 2 s) is set through STEPWATCH_PROGRESS_AFTER_S: 0 to draw from
@@ -16,9 +16,9 @@ import time
 import pytest
 
 from ingest.limits import PROGRESS_AFTER_S
-from ingest.progress import Progress, ReadMeter, describe
-from ingest.scale_benchmark import CAPTURE, build_rank_directory, read_source
-from ingest.trace_read import read_trace
+from ingest.studies.scale import CAPTURE, build_rank_directory, read_source
+from ingest.traces.progress import Progress, ReadMeter, describe
+from ingest.traces.trace_read import read_trace
 from tests.helpers import DATA, ROOT, run_cli
 
 BAR = re.compile(r"^import \[([#.]{20})\] ([\d.,]+)/([\d.,]+) (B|KB|MB|GB) read, ([\d,]+) events"

@@ -1,4 +1,4 @@
-"""Real traces captured on the lent H200 (torch 2.11, CUDA 13; kernels.gpu_suite at commit
+"""Real traces captured on the lent H200 (torch 2.11, CUDA 13; kernels.studies.gpu_suite at commit
 3cf1671), each kept with the key_averages() table torch printed for the same profile.
 
 The reader must agree with torch on every kernel's calls and total time (within 0.5 %), in
@@ -8,14 +8,13 @@ whole-pool cast runs once per layer (78 calls per step on glm5) and takes most o
 
 import gzip
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ingest.analyse import K, analyse_trace, link_kernels
-from ingest.categories import load_rule_chain
-from ingest.trace_read import read_trace
+from ingest.traces.analyse import K, analyse_trace, link_kernels
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.trace_read import read_trace
 from tests.helpers import DATA
 
 BUNDLES = DATA / "bundles"

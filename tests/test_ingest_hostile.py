@@ -4,7 +4,6 @@ this file, not kept in git), each refused with one line naming the file and the 
 And the importer's helper process never outlives it: kill -9 at random moments leaves no
 process behind and no pipe held open."""
 
-import copy
 import gzip
 import json
 import os
@@ -22,7 +21,7 @@ from ingest.cli import main
 from tests.helpers import DATA, ROOT
 
 SMALL = DATA / "bundles" / "tiny-fused-eager-nostack" / "trace.json.gz"
-BIG = ROOT / "ingest" / "benchmark_data" / "big-glm5-fullpool-30steps" / "trace.json.gz"
+BIG = ROOT / "ingest" / "studies" / "benchmark_data" / "big-glm5-fullpool-30steps" / "trace.json.gz"
 
 
 def _body():

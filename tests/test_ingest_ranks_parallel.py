@@ -1,4 +1,4 @@
-"""The ranks of a directory read at once (ingest/rank_pool.py): each rank in a forked reader of its
+"""The ranks of a directory read at once (ingest/traces/rank_pool.py): each rank in a forked reader of its
 own, at most as many at a time as the CPUs and the memory allow, with exactly the figures of the
 rank-after-rank read, in rank order; a bad rank file is named as the sequential read names it.
 Checked on the real TP=2 captures from the H200s and on a directory of four ranks built from a
@@ -14,12 +14,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ingest.categories import load_rule_chain
 from ingest.errors import TraceError
-from ingest.importer import analyse_files, find_traces
-from ingest.rank_pool import (MEMORY_SHARE, PARALLEL_MIN_JSON_BYTES, json_sizes, map_in_processes,
-                              rank_workers, reader_bytes)
-from ingest.scale_benchmark import build_rank_directory, read_source
+from ingest.studies.scale import build_rank_directory, read_source
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import analyse_files, find_traces
+from ingest.traces.rank_pool import (
+    MEMORY_SHARE,
+    PARALLEL_MIN_JSON_BYTES,
+    json_sizes,
+    map_in_processes,
+    rank_workers,
+    reader_bytes,
+)
 from tests.helpers import DATA, run_cli
 from tests.test_h200_captures import _assert_matches_torch, _kernel_rows
 

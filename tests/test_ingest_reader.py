@@ -16,15 +16,15 @@ import os
 import numpy as np
 import pytest
 
-from ingest.analyse import K, analyse_trace
-from ingest.categories import load_rule_chain
 from ingest.errors import TraceError
-from ingest.trace_read import read_trace
+from ingest.traces.analyse import K, analyse_trace
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.trace_read import read_trace
 from tests.helpers import DATA, ROOT, TRACES
 
 BUNDLES = DATA / "bundles"
 SMALL = [BUNDLES / p.name / "trace.json.gz" for p in sorted(BUNDLES.iterdir())] + [TRACES / "cpu_small.trace.json"]
-BIG = ROOT / "ingest" / "benchmark_data" / "big-glm5-fullpool-30steps"
+BIG = ROOT / "ingest" / "studies" / "benchmark_data" / "big-glm5-fullpool-30steps"
 # by default a large trace is split only where there are two CPUs to run the two processes
 DEFAULT_PROCESSES = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
 

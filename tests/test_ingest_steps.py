@@ -12,11 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from ingest.analyse import analyse_trace
-from ingest.categories import load_rule_chain
 from ingest.cli import main
-from ingest.ranks import find_waits
-from ingest.trace_read import read_trace
+from ingest.traces.analyse import analyse_trace
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.ranks import find_waits
+from ingest.traces.trace_read import read_trace
 from tests.helpers import DATA
 
 WILD = DATA / "wild"
@@ -123,7 +123,7 @@ def test_a_control_character_split_across_reads_still_reads(tmp_path):
     at = raw.index(b'"name": "', len(raw) // 2) + len(b'"name": "')
     path = tmp_path / "mid.json"
     path.write_bytes(raw[:at] + b"\x07" + raw[at:])
-    from ingest.trace_read import read_trace as read  # the module's reader, with tiny pieces
+    from ingest.traces.trace_read import read_trace as read  # the module's reader, with tiny pieces
 
     trace = read(path, split=False, chunk_bytes=2048)
     clean = read(WILD / "hta__critical_path__simple_add__benchmark_result_493459_1694039959_trace.json.gz")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from db.store import open_db
-from ingest.analyse import aggregate, assign_steps, link_kernels
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, prepare_import
-from ingest.trace_read import read_trace
+from ingest.traces.analyse import aggregate, assign_steps, link_kernels
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
+from ingest.traces.trace_read import read_trace
 from tests.helpers import ROOT
 
 TRACES = [ROOT / "app" / "sample_data" / "demo-d445ae3-1-glm5-graph" / "trace.json.gz",
@@ -66,7 +66,7 @@ def test_the_spread_is_stored_and_read_back(tmp_path):
 def test_the_sparse_count_beyond_the_dense_limit_gives_the_same_spreads():
     # the cells of a real trace counted both ways: the dense table, and the path a trace with very
     # many kernel names and steps takes (memory bounded by its events), forced with dense_cells=0
-    from ingest.analyse import _step_spread_ms
+    from ingest.traces.analyse import _step_spread_ms
 
     trace = read_trace(TRACES[2])
     kernels = link_kernels(trace)

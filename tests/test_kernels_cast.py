@@ -15,6 +15,7 @@ import torch
 
 from kernels.kv_cast import (
     FP8,
+    _fits_int32,
     cast_fp8_to_bf16,
     cast_rows_fp8_to_bf16,
     copy_live_indices,
@@ -22,7 +23,6 @@ from kernels.kv_cast import (
     gather_cast_live_pages,
     gather_cast_live_rows,
 )
-from kernels.kv_cast import _fits_int32
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,7 +195,7 @@ LAST_FITTING_ROWS = (2**31 - 1) // 576  # 3,728,270 rows x 576 = 2,147,483,520 e
 
 
 @pytest.mark.parametrize("case, pool_rows, out_rows, n_max, most_rows, fits", [
-    # every shape of the serving grid (kernels/serving_grid.py): int32
+    # every shape of the serving grid (kernels/studies/serving_grid.py): int32
     ("grid rows path, 1M pool, bs 128", 1_048_576, 1_048_576, 128 * 163_840, 1_048_576, True),
     ("grid pages path, 1M pool, bs 128, pages of 64", 1_048_576, 1_048_576, 128 * 2_560, 1_048_576, True),
     # the pool alone decides: rows x 576 elements below 2**31 or not

@@ -1,6 +1,6 @@
 """Triton kernels and the workload on a CUDA GPU (marked `gpu`; skipped without CUDA).
 
-kernels.gpu_suite runs these on the lent H200, through pytest when it is installed there and
+kernels.studies.gpu_suite runs these on the lent H200, through pytest when it is installed there and
 by calling each `test_*` function directly when it is not, so they take no fixtures.
 """
 
@@ -13,9 +13,18 @@ except ImportError:  # the GPU machine may lack pytest; gpu_suite then calls the
 
 import torch
 
-from kernels.kv_cast import FP8, cast_fp8_to_bf16, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_fp8_to_bf16
-from kernels.kv_cast import _as_pool_2d, _launch_gather_live, _launch_index_pages
-from kernels.kv_cast import gather_cast_live_pages, gather_cast_live_rows
+from kernels.kv_cast import (
+    FP8,
+    _as_pool_2d,
+    _launch_gather_live,
+    _launch_index_pages,
+    cast_fp8_to_bf16,
+    cast_rows_fp8_to_bf16,
+    copy_live_indices,
+    gather_cast_fp8_to_bf16,
+    gather_cast_live_pages,
+    gather_cast_live_rows,
+)
 from kernels.workload import KV_STRATEGIES, DecodeWorkload, build_model, fill_fp8_pool, get_config
 
 

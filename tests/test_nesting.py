@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ingest.nesting import Nesting
+from ingest.traces.nesting import Nesting
 
 
 def _random_tree(rng, n_roots=30, depth=5):

@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 import pytest
-
 from helpers import ROOT
+
 from ingest.regress import RegressError
-from ingest.regress.detect import (Point, detect_changes, make_series, measure_detection_rate,
-                                   measure_false_positive_rate, run_study)
+from ingest.regress.detect import Point, detect_changes
+from ingest.studies.detect_study import make_series, measure_detection_rate, measure_false_positive_rate, run_study
 
 
 def make_points(seed: int, length: int, samples: int, noise: float, steps=(), base: float = 100.0,
@@ -220,7 +220,7 @@ DEMO = ["9317abc", "05a3934", "d445ae3", "6806b21", "bd182fd", "d396647"]  # glm
 
 
 def test_real_h200_regression_and_its_fix_in_six_commits_are_both_confirmed():
-    # kernels/demo_series.py on the H200: the fused path (7.2-7.9 ms), the whole-pool cast at
+    # kernels/studies/demo_series.py on the H200: the fused path (7.2-7.9 ms), the whole-pool cast at
     # d445ae3 and 6806b21 (74 ms), gather-then-cast at bd182fd (8.0 ms), fused again; two runs a
     # commit pooled. Two of the five successive differences are the steps: the trimmed between-run
     # noise used to read them as noise and confirm neither (found nothing at all, at 10x)

@@ -12,14 +12,23 @@ import math
 
 import pandas as pd
 import pytest
-
 from helpers import DATA, ROOT
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, prepare_import
+
 from ingest.regress import RegressError
-from ingest.regress.diagnose import (RunFacts, diagnose_change, diagnose_kernel, diagnose_patch, diagnose_run,
-                                     facts_from_record, format_markdown, list_known_tensors, shorten_kernel_name)
+from ingest.regress.diagnose import (
+    RunFacts,
+    diagnose_change,
+    diagnose_kernel,
+    diagnose_patch,
+    diagnose_run,
+    facts_from_record,
+    format_markdown,
+    list_known_tensors,
+    shorten_kernel_name,
+)
 from ingest.regress.explain import KERNEL_COLUMNS, explain_change
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
 
 SAMPLES = ROOT / "app" / "sample_data"
 CAST = "unrolled_elementwise_kernel<direct_copy_kernel_cuda>"

@@ -13,10 +13,10 @@ import json
 import numpy as np
 import pytest
 
-from ingest.analyse import K, analyse_trace
-from ingest.categories import load_rule_chain
-from ingest.scale_benchmark import build_scaled_trace, expected_kernels, read_source
-from ingest.trace_read import read_trace
+from ingest.studies.scale import build_scaled_trace, expected_kernels, read_source
+from ingest.traces.analyse import K, analyse_trace
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.trace_read import read_trace
 from tests.helpers import DATA
 
 BUNDLES = DATA / "bundles"

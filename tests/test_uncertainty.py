@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.regress.uncertainty import (CHANGED, NOT_ENOUGH, WITHIN_NOISE, compare_samples, fewest_steps,
-                                        smallest_p)
+from ingest.regress.uncertainty import CHANGED, NOT_ENOUGH, WITHIN_NOISE, compare_samples, fewest_steps, smallest_p
 
 SAMPLES = Path(__file__).resolve().parent.parent / "app" / "sample_data"
 
@@ -55,7 +54,7 @@ def test_bad_samples_are_left_out_and_the_interval_is_reproducible():
 
 
 def test_two_runs_of_one_commit_are_within_noise_once_the_run_to_run_spread_is_known():
-    # kernels/demo_series.py on the H200: two runs of the same commit, 20 timed steps each, whose
+    # kernels/studies/demo_series.py on the H200: two runs of the same commit, 20 timed steps each, whose
     # medians differ by 9 % while each run's steps agree to 0.2 %. On their steps alone they are
     # "changed" (that is what the samples say); the workload's repeated runs give a 2.8 % run-to-run
     # spread (db.views.get_run_spread over the demo series), and with it they are within noise

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from db.store import StoreError, open_db
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, prepare_import
 from ingest.runs.survival import kept_bundle_path, work_root
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
 from tests.helpers import DATA, ROOT, run_cli, wait_for
 from tests.test_hosts import sshd  # noqa: F401  (the session fixture: a real sshd on 127.0.0.1)
 from tests.test_runs_ssh import _config as ssh_config

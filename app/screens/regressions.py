@@ -1,4 +1,4 @@
-"""Regressions: the confirmed changes of every series (found by `ingest.regress.track` after each
+"""Regressions: the confirmed changes of every series (found by `ingest.runs.track` after each
 job), newest first by first bad commit, each with its commit, its size, the commits still to
 bisect, a link to its comparison and its diagnosis. The filters live in the URL."""
 
@@ -6,8 +6,15 @@ import pandas as pd
 import streamlit as st
 
 from app import data
-from app.changes import (DIRECTIONS, KINDS, describe_between, describe_metric, filter_changes,
-                         format_metric_value, format_rel_change)
+from app.changes import (
+    DIRECTIONS,
+    KINDS,
+    describe_between,
+    describe_metric,
+    filter_changes,
+    format_metric_value,
+    format_rel_change,
+)
 from app.labels import describe_series
 from app.markdown_text import Markdown, format_markdown, format_markdown_list
 from app.widgets import select_in_url

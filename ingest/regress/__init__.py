@@ -2,7 +2,7 @@
 
 - `ingest.regress.detect`: confirmed step changes in one series along commit order (ruptures
   for the candidate change points, a Mann-Whitney rank test and a minimum effect size to
-  confirm them); `python -m ingest.regress.detect --study` measures its false-positive rate.
+  confirm them); `python -m ingest.studies.detect_study` measures its false-positive rate.
 - `ingest.regress.explain`: which kernels' change explains a step-time change between two runs.
 - `ingest.regress.diagnose`: short sentences with their numbers about a run, a change, or a
   patched/unpatched pair.

@@ -83,7 +83,7 @@ def _is_number(x) -> bool:
 
 
 def facts_from_record(record, rank: int | None = None) -> RunFacts:
-    """RunFacts from an imported run (`ingest.importer.prepare_import`'s RunRecord, or any object
+    """RunFacts from an imported run (`ingest.traces.importer.prepare_import`'s RunRecord, or any object
     with its attribute names): the timing median as the step time when there is one, and the
     rows of `rank` (default: the lowest rank)."""
     kernels = record.kernel_stats

@@ -18,12 +18,9 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .errors import CommandCancelled, CommandFailed, CommandTimeout, HostError
-
-if TYPE_CHECKING:
-    from .spec import HostConfig
 
 LineSink = Callable[[str], None]
 StopCheck = Callable[[], bool]
@@ -171,12 +168,3 @@ class LocalHost(Host):
 
     def check(self):
         return None
-
-
-def make_host(config: "HostConfig") -> Host:
-    """The Host for a [hosts.NAME] entry: this machine when it names no ssh target."""
-    if config.ssh is None:
-        return LocalHost()
-    from .ssh import SSHHost
-
-    return SSHHost(config)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
+
+from kernels.names import KV_STRATEGIES, PRESET_NAMES
 
 from .engines.sglang_choices import FLAG_CHOICES, find_choice_problem
 from .errors import SpecError
@@ -181,8 +184,6 @@ def parse_workload(body: Any, engine: str, where: str = "workload") -> Workload:
         _need(_FLAG.fullmatch(arg) is not None, f"{where}.extra_args",
               f"{arg!r}: each entry must be one --flag or --flag=value without spaces or shell characters")
     if engine == "reference":
-        from kernels.names import KV_STRATEGIES, PRESET_NAMES
-
         _need(body.get("preset") in PRESET_NAMES, f"{where}.preset",
               f"{body.get('preset')!r} is not one of {', '.join(PRESET_NAMES)}")
         _need(body.get("kv", "full-pool-cast") in KV_STRATEGIES, f"{where}.kv",

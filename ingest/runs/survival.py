@@ -58,8 +58,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .connect import make_host
 from .errors import RunError
-from .hosts import LocalHost, make_host
+from .hosts import LocalHost
 from .spec import Config
 
 _WORK_NAME = re.compile(r"^job-(\d+)\.(\d+)$")

@@ -28,25 +28,32 @@ from typing import Callable
 
 from db.store import StoreError, open_db, run_tables
 
-from ..categories import Rule
 from ..errors import IngestError
-from ..importer import ImportOptions, prepare_import
 from ..limits import MAX_ATTEMPTS
+from ..traces.categories import Rule
+from ..traces.importer import ImportOptions, prepare_import
+from .bisect import plan_bisects
+from .connect import make_host_for
 from .engines.reference import run_reference
+from .engines.sglang import run_sglang
 from .errors import CommandCancelled, CommandTimeout, HostError, RunError, SpecError
 from .git import CommitInfo, describe_commit, resolve_ref
-from .hosts import Host, LocalHost, make_host
+from .hosts import Host, LocalHost
 from .repos import ROOT
 from .spec import Config, RunSpec, parse_spec
-from .survival import (kept_bundle_path, list_work_dirs, make_work_dir, process_stamp, remove_scratch,
-                       remove_work_dirs, take_back_dead_jobs)
+from .survival import (
+    kept_bundle_path,
+    list_work_dirs,
+    make_work_dir,
+    process_stamp,
+    remove_scratch,
+    remove_work_dirs,
+    take_back_dead_jobs,
+)
+from .track import follow_run
 
 HEARTBEAT_S = 2.0
 STALE_S = 60.0
-
-
-def make_host_for(config: Config, name: str) -> Host:
-    return make_host(config.host(name))
 
 
 class Reporter:
@@ -182,17 +189,12 @@ def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) 
         sha = commit.sha if commit else None
         worktree_repo = repo_path if (commit and repo_path and spec.ref not in (None, "HEAD")) else None
         return run_reference(spec, config, host, sha=sha, repo_path=worktree_repo, **common), repo, commit
-    from .engines.sglang import run_sglang
-
     return run_sglang(spec, config, host, sha=commit.sha, **common), repo, commit
 
 
 def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[str], None]) -> None:
     """Re-detect changes in the run's series and queue bisect runs; a failure here is logged,
     it does not fail the job that produced a good run."""
-    from ..regress.bisect import plan_bisects
-    from ..regress.track import follow_run
-
     try:
         series, found = follow_run(db_path, run_id)  # no connection held while it detects
         if series is None:

@@ -35,8 +35,8 @@ import msgspec
 import numpy as np
 from isal import igzip
 
-from .errors import TraceError
-from .limits import DEFAULT_LIMITS, ReadLimits
+from ..errors import TraceError
+from ..limits import DEFAULT_LIMITS, ReadLimits
 from .progress import MeterSlot
 
 # ~1 MB pieces: a piece's decoded objects stay in the CPU's caches (8 MB pieces read 30 % slower)
@@ -57,7 +57,7 @@ _meter: MeterSlot | None = None
 
 @contextmanager
 def metered(slot: MeterSlot | None):
-    """Reads in this block report to `slot` (ingest/progress.py's ReadMeter)."""
+    """Reads in this block report to `slot` (ingest/traces/progress.py's ReadMeter)."""
     global _meter
     previous, _meter = _meter, slot
     try:

@@ -1,16 +1,17 @@
-"""Kernel categories from an ordered rules file (ingest/categories.toml plus the user's)."""
+"""Kernel categories from an ordered rules file (ingest/traces/categories.toml plus the user's)."""
 
 from __future__ import annotations
 
 import re
 import signal
 import threading
-import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import IngestError
+import tomllib
+
+from ..errors import IngestError
 
 DEFAULT_RULES = Path(__file__).with_name("categories.toml")
 CATEGORIES = ("cast", "memcpy", "gemm", "attention", "moe", "communication", "norm", "elementwise", "other")

@@ -1,7 +1,7 @@
 """Benchmark: the dashboard's queries and pages on a large database. Not a test: it prints
 figures, kept in app/BENCHMARKS.md.
 
-    .venv/bin/python -m app.benchmark [--runs-scale 1] [--browser] [--keep PATH]
+    .venv/bin/python -m app.studies.pages [--runs-scale 1] [--browser] [--keep PATH]
 
 It writes a temporary DuckDB file through the real migrations and fills it with plain SQL over
 generated rows: 2 repositories x 500 commits x 2 variants x 5 workloads = 10,000 runs (every
@@ -28,7 +28,7 @@ from pathlib import Path
 from db import views
 from db.store import open_db
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CATEGORIES = ["gemm", "attention", "cast", "memcpy", "moe", "norm", "elementwise", "communication"]
 SERIES = "repo1\tsglang\tNVIDIA H200"
 
@@ -242,7 +242,7 @@ def time_pages_browser(db: Path, urls: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.benchmark", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m app.studies.pages", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=15, help="timings per query (median and fastest kept)")
     parser.add_argument("--browser", action="store_true", help="also time page loads in headless chromium")
     parser.add_argument("--keep", metavar="PATH", help="write the database here and keep it")

@@ -21,11 +21,11 @@ import pandas as pd
 from db.series import list_series, load_points, load_runs_facts, load_step_categories, replace_changes
 from db.store import open_db
 
-from ..categories import COPY_CATEGORIES
 from ..priority import run_as_batch
-from .detect import Point, detect_changes
-from .diagnose import RunFacts, diagnose_change
-from .explain import explain_change
+from ..regress.detect import Point, detect_changes
+from ..regress.diagnose import RunFacts, diagnose_change
+from ..regress.explain import explain_change
+from ..traces.categories import COPY_CATEGORIES
 
 PRIMARY = ("tok_per_s", "step_ms")
 KERNEL_MIN_SHARE = 0.01

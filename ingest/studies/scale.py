@@ -1,9 +1,9 @@
 """Benchmark: the import command as a user types it, on traces of ~50, ~178 and ~535 MB built from
-the real H200 capture kept in ingest/benchmark_data/, each timed against `json.load` of the same
+the real H200 capture kept in ingest/studies/benchmark_data/, each timed against `json.load` of the same
 file in the same run. Not a test: it prints a table, ratios and the slope per 100 MB.
 
-    .venv/bin/python -m ingest.scale_benchmark [--mb 50,178,535] [--repeat 3] [--keep]
-    .venv/bin/python -m ingest.scale_benchmark --ranks 8 [--rank-steps 30] [--repeat 3]
+    .venv/bin/python -m ingest.studies.scale [--mb 50,178,535] [--repeat 3] [--keep]
+    .venv/bin/python -m ingest.studies.scale --ranks 8 [--rank-steps 30] [--repeat 3]
 
 The second form (issue 14: the ranks of a directory read at once) writes a directory of 8
 per-rank traces of the capture's 30 steps (~162 MB of JSON, 10.5 MB gzipped, each; the capture
@@ -62,8 +62,12 @@ import msgspec
 import numpy as np
 from isal import igzip
 
-ROOT = Path(__file__).resolve().parent.parent
-CAPTURE = ROOT / "ingest" / "benchmark_data" / "big-glm5-fullpool-30steps"
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, analyse_files, find_traces, prepare_import
+from ingest.traces.rank_pool import json_sizes, rank_workers
+
+ROOT = Path(__file__).resolve().parents[2]
+CAPTURE = ROOT / "ingest" / "studies" / "benchmark_data" / "big-glm5-fullpool-30steps"
 GPU_CATS = (b"kernel", b"gpu_memcpy", b"gpu_memset")
 # numbers shifted in each copy: (key as written, which id space it belongs to)
 _NUMBER = re.compile(rb'"(ts|correlation|External id|Ev Idx|Python id|Python parent id|id)": (\d+)'
@@ -287,9 +291,6 @@ def _kernel_deviation(stats, expected: dict, where: str) -> float:
 def check_figures(trace: Path, expected: dict) -> tuple[int, float]:
     """Import `trace` in this process (untimed) and compare each kernel's calls and total time
     with `expected`: (kernels compared, largest relative deviation of a total)."""
-    from ingest.categories import load_rule_chain
-    from ingest.importer import ImportOptions, prepare_import
-
     stats = prepare_import(trace, load_rule_chain(), ImportOptions()).kernel_stats
     worst = _kernel_deviation(stats, expected, str(trace))
     if worst > 1e-9:
@@ -335,10 +336,6 @@ def check_rank_figures(directory: Path, expected: dict) -> dict:
     each kernel's calls and total time must equal `expected`."""
     import pandas as pd
 
-    from ingest.categories import load_rule_chain
-    from ingest.importer import analyse_files, find_traces
-    from ingest.rank_pool import json_sizes, rank_workers
-
     files, _, _ = find_traces(directory)
     rules = load_rule_chain()
     workers = rank_workers(json_sizes(files))
@@ -379,7 +376,7 @@ def rank_benchmark(src: Source, work: Path, trees: dict[str, Path], ranks: int, 
     if check:
         expected_path = work / "expected-ranks.json"
         expected_path.write_text(json.dumps(expected))
-        out = subprocess.run([sys.executable, "-m", "ingest.scale_benchmark", "--check-ranks", str(directory),
+        out = subprocess.run([sys.executable, "-m", "ingest.studies.scale", "--check-ranks", str(directory),
                               str(expected_path)], cwd=list(trees.values())[-1], capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"figures of {directory} are not the expected ones: {out.stderr[-2000:]}")
@@ -504,7 +501,7 @@ def main() -> None:
                 expected_path = work / f"expected-{steps}.json"
                 expected_path.write_text(json.dumps(expected))
                 tree = list(trees.values())[-1]
-                out = subprocess.run([sys.executable, "-m", "ingest.scale_benchmark", "--check", str(trace),
+                out = subprocess.run([sys.executable, "-m", "ingest.studies.scale", "--check", str(trace),
                                       str(expected_path)], cwd=tree, capture_output=True, text=True)
                 if out.returncode != 0:
                     raise RuntimeError(f"figures of {trace} differ from the expected ones: {out.stderr[-2000:]}")

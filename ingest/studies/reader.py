@@ -1,7 +1,7 @@
 """Benchmark: import of one large trace, timed side by side in one run against `json.load` of
 the same file and against Holistic Trace Analysis (HTA). Not a test: it prints ratios.
 
-    .venv/bin/python -m ingest.benchmark TRACE.json.gz [--hta-python /path/to/venv/bin/python]
+    .venv/bin/python -m ingest.studies.reader TRACE.json.gz [--hta-python /path/to/venv/bin/python]
 
 Each contender runs in a fresh Python process that reports its own wall time (after its
 imports) and peak RSS (ru_maxrss), so one's memory cannot flatter another. stepwatch runs twice:
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _REPORT = """
 import json, resource, sys, time
@@ -37,8 +37,8 @@ def report(t0, **extra):
 
 STEPWATCH = """
 sys.path.insert(0, {root!r})
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, prepare_import
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
 from db.store import open_db
 rules = load_rule_chain()
 open_db({db!r}).close()  # an existing database, as imports usually find it (schema made, not timed)
@@ -55,8 +55,8 @@ report(t0, kernels=int(k["calls"].sum()), steps=record.steps, top=k.iloc[0]["nam
 HELPER_MEMORY = """
 import os, threading
 sys.path.insert(0, {root!r})
-from ingest.categories import load_rule_chain
-from ingest.importer import ImportOptions, prepare_import
+from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
 peak = {{"private_mb": 0.0, "pss_mb": 0.0, "samples": 0}}
 done = threading.Event()
 def poll():

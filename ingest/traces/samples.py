@@ -11,7 +11,7 @@ from kernels.bundle import is_bundle
 from .categories import Rule
 from .importer import ImportOptions, prepare_import
 
-SAMPLE_DIR = Path(__file__).resolve().parent.parent / "app" / "sample_data"
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "app" / "sample_data"
 
 
 def load_samples(db_path: str, rules: list[Rule], sample_dir: Path = SAMPLE_DIR) -> int:

@@ -1,7 +1,7 @@
 """Pages under writers: how long a page waits for the database while a worker and imports write.
 
-    .venv/bin/python -m db.load_benchmark                 # 60 s: a worker, 4 import loops, 1 page reader
-    .venv/bin/python -m db.load_benchmark --seconds 20 --imports 2 --json result.json
+    .venv/bin/python -m db.studies.load                 # 60 s: a worker, 4 import loops, 1 page reader
+    .venv/bin/python -m db.studies.load --seconds 20 --imports 2 --json result.json
 
 Not a test (it takes a minute and its figures depend on the machine); results go to
 db/BENCHMARKS.md. Everything is a real process on one real DuckDB file, as in production:
@@ -44,7 +44,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from db import views
+from db.store import open_db
+
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "app" / "sample_data"
 PAGE_P99_TARGET_MS = 300.0
 
@@ -88,21 +91,17 @@ IDLE_READS = 20
 
 def reader_main(db: str, out_path: str, stop_path: str, every_s: float) -> None:
     """The page-like reader (a separate process, as the Streamlit server is)."""
-    sys.path.insert(0, str(ROOT))
-    from db import views
-    from db.store import open_db as _open_db
-
     waited = [0.0]
 
-    def open_db(*args, **kwargs):  # the page's open, timed apart: waiting for writers is in here
+    def open_timed(*args, **kwargs):  # the page's open, timed apart: waiting for writers is in here
         t0 = time.perf_counter()
         try:
-            return _open_db(*args, **kwargs)
+            return open_db(*args, **kwargs)
         finally:
             waited[0] += time.perf_counter() - t0
 
     def trends() -> None:  # one connection, as the page reads (app/data.py reading())
-        with open_db(db, read_only=True, wait_s=120) as store:
+        with open_timed(db, read_only=True, wait_s=120) as store:
             views.count_runs(store)
             series = views.list_series(store)
             views.list_runs_without_commit(store)
@@ -112,7 +111,7 @@ def reader_main(db: str, out_path: str, stop_path: str, every_s: float) -> None:
                 views.list_series_changes(store, top["repo"], top["engine"], top["device"], top["workload_id"])
 
     def run() -> None:
-        with open_db(db, read_only=True, wait_s=120) as store:
+        with open_timed(db, read_only=True, wait_s=120) as store:
             recent = views.list_recent_runs(store)
             if len(recent):
                 views.get_run_detail(store, int(recent.iloc[0]["run_id"]))
@@ -150,8 +149,6 @@ def _queue_jobs(db: str, n: int) -> list[int]:
 
 
 def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) -> dict:
-    from db.store import open_db
-
     work = Path(tempfile.mkdtemp(prefix="stepwatch-load-"))
     db = str(work / "load.duckdb")
     holds = work / "holds.log"
@@ -163,7 +160,7 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) 
         bundles = sorted(p for p in SAMPLES.iterdir() if (p / "manifest.json").exists())
         stop, latencies = work / "stop", work / "latencies.txt"
         os.environ["STEPWATCH_DB_HOLD_LOG"] = str(holds)  # every process below logs its holds (db/store.py)
-        reader = subprocess.Popen([sys.executable, "-m", "db.load_benchmark", "--reader", db, str(latencies),
+        reader = subprocess.Popen([sys.executable, "-m", "db.studies.load", "--reader", db, str(latencies),
                                    str(stop), str(read_every_s)], cwd=ROOT)
         while latencies.exists() is False or len(latencies.read_text().splitlines()) < IDLE_READS:
             time.sleep(0.1)  # the reader's baseline: the same reads with no writer
@@ -279,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--reader"]:
         reader_main(argv[1], argv[2], argv[3], float(argv[4]))
         return 0
-    ap = argparse.ArgumentParser(prog="python -m db.load_benchmark", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m db.studies.load", description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0, help="how long the writers write (default 60)")
     ap.add_argument("--imports", type=int, default=4, help="parallel import loops (default 4)")
     ap.add_argument("--jobs", type=int, default=60, help="reference jobs queued for the worker (default 60)")

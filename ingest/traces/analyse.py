@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import TraceError
 from .categories import COPY_CATEGORIES, Rule, categorise, rules_time_limit
 from .devices import find_peak_gbps
-from .errors import TraceError
 from .nesting import Nesting
 from .shapes import summarise_shape
 from .trace_read import KINDS, RawTrace

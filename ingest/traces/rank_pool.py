@@ -1,7 +1,7 @@
 """The ranks of a directory read at once: each rank in a process of its own, a few at a time.
 
 A TP=8 capture is eight traces. Read rank after rank, one import uses the machine's cores only
-as far as one trace's split read does (two processes, ingest/trace_read.py). Here the importer
+as far as one trace's split read does (two processes, ingest/traces/trace_read.py). Here the importer
 forks one reader per rank, at most `rank_workers()` in flight: no more than the CPUs it may run
 on (each reader reads its file in one process, so readers never compete with helpers of their
 own), and no more than the memory it has room for. A reader reads and analyses its rank and
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from .errors import IngestError, TraceError
+from ..errors import IngestError, TraceError
 from .trace_read import SPLIT_MIN_BYTES, _die_with_parent, _uncompressed_size
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""The SGLang patch's kernels at serving batch sizes, on the GPU: `python -m kernels.serving_grid --out $OUT`.
+"""The SGLang patch's kernels at serving batch sizes, on the GPU: `python -m kernels.studies.serving_grid --out $OUT`.
 
 Sections, in order (results.json is rewritten after each; serving_grid.log has every line printed):
   checks   bit-exactness of the live-row kernels against torch on the same GPU (every bit, NaN
@@ -24,7 +24,7 @@ Sections, in order (results.json is rewritten after each; serving_grid.log has e
            the pool (page size 1 sees the same token ids); the graph buffers are sized for a
            163,840-token context as SGLang sizes them for DeepSeek.
   verdict  the issue's two Done-when criteria, point by point.
-  tests    the GPU tests (pytest -m gpu tests/test_kernels_gpu.py, as kernels.gpu_suite runs them).
+  tests    the GPU tests (pytest -m gpu tests/test_kernels_gpu.py, as kernels.studies.gpu_suite runs them).
 
 `--smoke` runs the checks on the CPU under Triton's interpreter (tiny sizes, no timing).
 """
@@ -45,8 +45,17 @@ import torch
 
 from kernels import kv_cast
 from kernels.bench import describe_device, describe_versions, find_commit
-from kernels.kv_cast import BF16, FP8, HAS_TRITON
-from kernels.kv_cast import cast_fp8_to_bf16, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_live_pages, gather_cast_live_rows
+from kernels.kv_cast import (
+    BF16,
+    FP8,
+    HAS_TRITON,
+    cast_fp8_to_bf16,
+    cast_rows_fp8_to_bf16,
+    copy_live_indices,
+    gather_cast_live_pages,
+    gather_cast_live_rows,
+)
+from kernels.studies.gpu_suite import run_gpu_tests
 
 DIM = 576
 CAPTURED_CONTEXT = 163_840  # SGLang's max_context_len for DeepSeek: sizes the graph buffers
@@ -737,8 +746,6 @@ def main_gpu(run: Run) -> int:
             run.log(f"  not met ({key}): {miss}")
     del pools
     torch.cuda.empty_cache()
-    from kernels.gpu_suite import run_gpu_tests
-
     sec["gpu_tests"] = run_gpu_tests(run)
     run.log(f"gpu tests: {sec['gpu_tests']}")
     run.save()
@@ -754,18 +761,18 @@ def main_smoke(run: Run) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.serving_grid", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kernels.studies.serving_grid", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output folder ($OUT on the GPU machine)")
     p.add_argument("--smoke", action="store_true", help="CPU checks under Triton's interpreter, no timing")
     args = p.parse_args(argv)
     if not HAS_TRITON:
-        print("python -m kernels.serving_grid: error: triton is not installed", file=sys.stderr)
+        print("python -m kernels.studies.serving_grid: error: triton is not installed", file=sys.stderr)
         return 2
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton loads
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "kernels.serving_grid", *(argv or sys.argv[1:])], env)
+        os.execve(sys.executable, [sys.executable, "-m", "kernels.studies.serving_grid", *(argv or sys.argv[1:])], env)
     if not args.smoke and not torch.cuda.is_available():
-        print("python -m kernels.serving_grid: error: CUDA is not available (use --smoke on a CPU)", file=sys.stderr)
+        print("python -m kernels.studies.serving_grid: error: CUDA is not available (use --smoke on a CPU)", file=sys.stderr)
         return 2
     run = Run(Path(args.out), torch.device("cpu" if args.smoke else "cuda"))
     run.log(f"device {run.results['device']}; versions {run.results['versions']}; commit {run.results['commit']}")

@@ -1,6 +1,6 @@
 """Tuning study for the FP8 -> BF16 gather-cast (run on the GPU; prints a table, writes JSON).
 
-    python -m kernels.tune_gather --out DIR
+    python -m kernels.studies.tune_gather --out DIR
 
 For 65,536 and 262,144 rows of a 495,000 x 576 FP8 pool, in random and in ascending order, it
 times: the device-to-device copy (the ceiling), a plain FP8 row gather with no cast (what random

@@ -1,6 +1,6 @@
 """How long `python -m ingest` takes to answer before it does any work, as a user runs it:
 
-    .venv/bin/python -m ingest.startup_benchmark [--repeat 9]
+    .venv/bin/python -m ingest.studies.startup [--repeat 9]
 
 Each command is a fresh process started from this one, timed from start to exit (wall time),
 `--repeat` times in turn, the median kept; the baseline, in the same run, is the interpreter
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TARGET_S = 0.2  # the issue's target for --help and report
 
 
@@ -30,7 +30,7 @@ def _wall(argv: list[str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ingest.startup_benchmark", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ingest.studies.startup", description=__doc__.split("\n")[0])
     p.add_argument("--repeat", type=int, default=9)
     args = p.parse_args(argv)
     py = sys.executable

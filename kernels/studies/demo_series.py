@@ -1,4 +1,4 @@
-"""A sample series with a real regression, measured on the GPU: `python -m kernels.demo_series --out $OUT`.
+"""A sample series with a real regression, measured on the GPU: `python -m kernels.studies.demo_series --out $OUT`.
 
 The dashboard's samples are stepwatch's own commits, where every KV strategy is its own variant
 and nothing regresses. This module gives them a series that does, the way an SGLang user meets
@@ -26,6 +26,10 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from kernels.bench import run_bench
+from kernels.bundle import read_bundle
+from kernels.workload import DecodeWorkload, build_model, get_config
 
 REPO_NAME = "glm5-serving-demo"
 VARIANT = "default"
@@ -87,9 +91,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kernels.bench import run_bench
-    from kernels.workload import DecodeWorkload, build_model, get_config
-
     bundles = args.out / "bundles"
     bundles.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     workload.release()
                     del workload
-                from kernels.bundle import read_bundle
-
                 timing = read_bundle(path).timing
                 results.append({"sha": c["sha"][:7], "kv": kv, "repeat": r + 1,
                                 "median_ms": round(timing.median_ms, 3), "tok_per_s": round(timing.tok_per_s, 2)})

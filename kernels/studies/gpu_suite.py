@@ -1,4 +1,4 @@
-"""Everything measured on the lent GPU, in one run: `python -m kernels.gpu_suite --out $OUT`.
+"""Everything measured on the lent GPU, in one run: `python -m kernels.studies.gpu_suite --out $OUT`.
 
 Stages (each in its own try/except; results.json is rewritten after every stage):
   a  bit-exact checks of the Triton kernels against torch (random data + all 256 patterns)
@@ -30,11 +30,19 @@ import torch
 
 from kernels import kv_cast
 from kernels.bench import describe_device, describe_versions, find_commit, run_bench
+from kernels.bundle import read_bundle
 from kernels.kv_cast import BF16, FP8, cast_fp8_to_bf16, cast_rows_fp8_to_bf16, gather_cast_fp8_to_bf16
-from kernels.workload import KV_STRATEGIES, DecodeWorkload, build_model, count_floor_bytes
-from kernels.workload import count_weight_bytes, fill_fp8_pool, get_config
+from kernels.workload import (
+    KV_STRATEGIES,
+    DecodeWorkload,
+    build_model,
+    count_floor_bytes,
+    count_weight_bytes,
+    fill_fp8_pool,
+    get_config,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POOL_TOKENS, KV_DIM = 495_000, 576
 GATHER_ROWS = (2048, 65_536, 262_144)
 TINY_TRACE_LIMIT_BYTES = 100_000
@@ -235,8 +243,6 @@ def run_config(suite: Suite, state, kv: str, graph: bool, name: str, *, steps: i
         workload.release()
         del workload
         free_memory()
-    from kernels.bundle import read_bundle
-
     timing = read_bundle(path).timing
     row = {"name": name, "kv": kv, "cuda_graph": graph, "with_stack": with_stack,
            "median_ms": round(timing.median_ms, 3), "p10_ms": round(timing.p10_ms, 3),
@@ -396,7 +402,7 @@ def format_table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.gpu_suite", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kernels.studies.gpu_suite", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output folder ($OUT on the GPU machine)")
     p.add_argument("--quick", action="store_true", help="skip the 30-step big trace")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -405,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", metavar="LETTERS", help="run only these stages, e.g. 'ab' (default: all)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("python -m kernels.gpu_suite: error: --device cuda: CUDA is not available", file=sys.stderr)
+        print("python -m kernels.studies.gpu_suite: error: --device cuda: CUDA is not available", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

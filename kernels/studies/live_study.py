@@ -1,7 +1,7 @@
-"""Variants of the live-row gather at the points that decide issue #11: `python -m kernels.live_study --out $OUT`.
+"""Variants of the live-row gather at the points that decide issue #11: `python -m kernels.studies.live_study --out $OUT`.
 
 Each variant is checked bit for bit against the torch fallback, then timed (cold and kernel-timed,
-as kernels.serving_grid times them, with its copy baseline) for the rows path and the pages path
+as kernels.studies.serving_grid times them, with its copy baseline) for the rows path and the pages path
 (page sizes 1 and 64) at bs 32 x 1K on both pools, bs 128 x 1K, bs 32 x 8K, 1M live rows and
 bs 1 x 8K, against the kernel as it is (kv_cast), in one run: study.json, study.log. Since 2026-12-01
 kv_cast.py's kernel is `off32_late` (32-bit offsets where they fit); the kept study files' baseline
@@ -27,6 +27,15 @@ import torch
 
 from kernels import kv_cast
 from kernels.kv_cast import BF16, FP8, HAS_TRITON, _as_pool_2d, _fp8_to_bf16, _move_rows, _piece, _row_tiles
+from kernels.studies.serving_grid import (
+    ColdTimer,
+    KernelTimer,
+    Point,
+    describe_time,
+    make_pool,
+    measure_copy,
+    same_bits,
+)
 
 if HAS_TRITON:
     import triton
@@ -545,8 +554,6 @@ PAGES_ONLY = ("fused_pf", "fused")
 
 def check_variant(name: str, var: dict, device, tokens: int, dim: int = 576) -> list:
     """Bit-exact against the torch fallback: rows compact / count 0 / overflow, pages 1, 4, 64."""
-    from kernels.serving_grid import same_bits
-
     gen = torch.Generator(device=device).manual_seed(5)
     pool = torch.randint(0, 256, (tokens, 1, dim), generator=gen, device=device, dtype=torch.uint8)
     pool[:16, 0] = torch.arange(256, device=device, dtype=torch.int32).to(torch.uint8).view(16, 16).repeat(1, dim // 16)
@@ -598,8 +605,6 @@ POINTS = ((131_072, 32, 1024), (1_048_576, 32, 1024), (1_048_576, 128, 1024), (1
 
 
 def time_variants(log, out_dir: Path, names: list[str]) -> dict:
-    from kernels.serving_grid import ColdTimer, KernelTimer, Point, make_pool, measure_copy, describe_time
-
     dev = torch.device("cuda")
 
     class _Run:  # what measure_copy needs
@@ -709,13 +714,13 @@ def summarize(results: dict, names: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.live_study")
+    p = argparse.ArgumentParser(prog="python -m kernels.studies.live_study")
     p.add_argument("--out", required=True)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--variants", default="kv_cast,kv_cast_pps16,candidate_pps32,candidate,off32_late")
     args = p.parse_args(argv)
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
-        os.execve(sys.executable, [sys.executable, "-m", "kernels.live_study", *(argv or sys.argv[1:])],
+        os.execve(sys.executable, [sys.executable, "-m", "kernels.studies.live_study", *(argv or sys.argv[1:])],
                   {**os.environ, "TRITON_INTERPRET": "1"})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

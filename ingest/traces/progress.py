@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from .limits import PROGRESS_AFTER_S
+from ..limits import PROGRESS_AFTER_S
 
 
 class Progress:
@@ -97,7 +97,7 @@ class ReadMeter:
 
 
 class MeterSlot:
-    """One file's counters, as its reader writes them (ingest/trace_read.py calls `read` once per
+    """One file's counters, as its reader writes them (ingest/traces/trace_read.py calls `read` once per
     chunk and `decoded` once per piece). A split read's helper writes through `for_helper()`:
     its events into a counter of their own, no bytes (the main process reports those)."""
 

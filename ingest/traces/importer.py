@@ -19,9 +19,10 @@ import pandas as pd
 from db.store import RunRecord
 from kernels.bundle import LABEL_RULE, Manifest, is_bundle, is_label, read_bundle
 
+from ..errors import IngestError, TraceError
+from ..regress.diagnose import diagnose_run, facts_from_record
 from .analyse import RankFigures, analyse_trace
 from .categories import Rule
-from .errors import IngestError, TraceError
 from .progress import ReadMeter
 from .rank_pool import json_sizes, map_in_processes, rank_workers
 from .ranks import find_waits
@@ -106,7 +107,7 @@ def analyse_files(files: list[Path], rules: list[Rule], steps: int | None,
                   limits: ReadLimits = DEFAULT_LIMITS, meter: ReadMeter | None = None,
                   workers: int | None = None) -> list[RankFigures]:
     """Each file's figures, in rank order. Several files are read at once, each in a process of
-    its own (`workers`, default `rank_workers()`: the CPUs, bounded by memory; ingest/rank_pool.py),
+    its own (`workers`, default `rank_workers()`: the CPUs, bounded by memory; ingest/traces/rank_pool.py),
     with the same figures as rank after rank; a single file is read here (by two processes when
     it is large). `meter` hears how far the reading got (for a progress bar)."""
     if workers is None:
@@ -250,8 +251,6 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
 
 def diagnose_record(record) -> list[dict] | None:
     """The run's diagnosis sentences (the kernels that take most of the step)."""
-    from .regress.diagnose import diagnose_run, facts_from_record
-
     if not record.step_ms_median or record.step_ms_median <= 0 or not len(record.kernel_stats):
         return None
     return [dataclasses.asdict(f) for f in diagnose_run(facts_from_record(record))]

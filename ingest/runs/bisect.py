@@ -14,10 +14,11 @@ from typing import Callable
 import numpy as np
 
 from db.series import list_changes
+from db.store import open_db
 
-from ..runs.git import list_after
-from ..runs.hosts import make_host
-from ..runs.spec import Config, parse_spec
+from .connect import make_host
+from .git import list_after
+from .spec import Config, parse_spec
 from .track import is_bisectable
 
 
@@ -41,8 +42,6 @@ def plan_bisects(db_path: str, config: Config, echo: Callable[[str], None] = lam
     seconds): read the changes and the specs of their first bad runs (one short connection),
     list the commits between with git (none), queue what is still missing (another short one,
     which checks again that no job with the same spec exists)."""
-    from db.store import open_db
-
     with open_db(db_path) as store:
         windows = _read_windows(store, echo)
     planned = []
