@@ -258,9 +258,9 @@ def variant_chart(matrix: pd.DataFrame, a_label: str, b_label: str) -> alt.Chart
 
 
 def rank_balance_parts(rank_stats: pd.DataFrame) -> pd.DataFrame:
-    """get_rank_stats' frame as the parts of each rank's step (ms): computation (busy time that is
-    not communication), communication spent moving data, communication spent waiting for the
-    last rank, and idle. Waiting counts as moving data when it is unknown."""
+    """Store.list_rank_stats' frame as the parts of each rank's step (ms): computation (busy time
+    that is not communication), communication spent moving data, communication spent waiting for
+    the last rank, and idle. Waiting counts as moving data when it is unknown."""
     rows = []
     for r in rank_stats.itertuples():
         busy = r.busy_ms_median if pd.notna(r.busy_ms_median) else 0.0

@@ -107,7 +107,7 @@ def _load_cached(view_name: str, path: str, stamp: tuple, args: tuple):
 
 
 def load_all(*calls: tuple):
-    """`load_all((views.get_run_overview, 5), (views.list_ranks, 5))`: the views' results, each
+    """`load_all((views.get_run_detail, 5), (views.list_recent_runs,))`: the views' results, each
     from the cache while the file is unchanged; the ones not cached share one read-only
     connection (opening one costs ~10 ms, more than most queries). On a StoreError the page
     shows why and stops."""

@@ -14,7 +14,7 @@ from ingest.regress.diagnose import RunFacts, diagnose_change, diagnose_patch
 
 
 def build_run_facts(run: dict[str, Any], kernels: pd.DataFrame) -> RunFacts:
-    """RunFacts of a get_run_overview row and its get_kernel_table frame (rank 0)."""
+    """RunFacts of a Store.get_run row and its Store.list_kernels frame (rank 0)."""
     workload = run["workload"] or {}
     return RunFacts(step_ms=run["step_ms"], kernels=kernels, tok_per_s=run["tok_per_s"],
                     profiled_step_ms=run["step_ms_median"],

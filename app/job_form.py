@@ -1,19 +1,27 @@
-"""The Run a benchmark form's logic, without Streamlit: from what a person entered to checked run
-specs, one per commit x variant x execution mode, or a SpecError naming the first bad field.
+"""The Run a benchmark form's logic, without Streamlit: from what a person entered to the jobs to
+queue, or a SpecError naming the first bad field. It parses and plans; it runs no git, asks no
+host and looks at no checkout (only parse_spec's own checks touch files: a patch set's files, an
+import's path), so that the page never waits on a remote machine. What only git or the host can
+tell (an unknown ref, a dead host, no GPU) fails the queued job within seconds, in the worker,
+and shows in the page's job list.
 
-A commit range `A..B` becomes one job per commit along B's first-parent history (every K-th,
-always keeping B), as `python -m ingest backfill` queues them. Checking a single ref asks the
-host (ingest.runs.worker.check_runnable), so an unknown ref or an unreachable host is refused
-here and nothing is queued; a range is checked by listing it.
+- One ref (or none: HEAD) queues one run spec a variant x execution mode, as they are.
+- A range `A..B` queues one range job (spec.RangeSpec): the runs without a ref, the range and
+  every K; the worker lists B's first-parent history after A (every K-th commit, always B),
+  records the commits and queues one job a commit x run, in this plan's batch (ingest/runs/
+  expand.py), the specs `python -m ingest backfill` queues. Both ends are checked for spelling
+  here, and a range whose checkout cannot be anywhere is refused here.
+- A repo the config does not name, on this machine, may be the path of a checkout there: the
+  worker looks (repos.locate_repo), so that ref's runs are queued as a range job of one ref.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from ingest.runs.errors import SpecError
-from ingest.runs.repos import ROOT, locate_repo
-from ingest.runs.spec import Config, RunSpec, parse_spec
+from ingest.runs.spec import Config, RangeSpec, RunSpec, check_commits, parse_job_spec, parse_spec, place_at_commit
 
 
 @dataclass(frozen=True)
@@ -33,76 +41,97 @@ class FormInput:
 
 @dataclass(frozen=True)
 class JobPlan:
-    specs: list[RunSpec]
-    commits: list = field(default_factory=list)  # CommitInfo facts of a range, to record
-    repo: str | None = None  # the repo those commits belong to
-    batch: str = ""  # one label for the jobs queued together
+    jobs: list[tuple[str, str]]  # (spec JSON, label) of each job to queue, in order
+    batch: str  # one label for the jobs queued together, and for those a range job queues
+    specs: list[RunSpec] = field(default_factory=list)  # the run specs among `jobs`
+    expand: RangeSpec | None = None  # the range job among `jobs`, expanded by a worker
 
 
 def _clean_workload(values: dict) -> dict:
     return {k: v for k, v in values.items() if v not in (None, "", [], ())}
 
 
-def find_repo_location(form: FormInput, config: Config) -> tuple[str | None, str | None]:
-    """(repo name, checkout path on the host) that refs are looked up in; path None if unknown."""
-    if form.engine != "reference" and not form.repo:
-        return None, None  # only the reference workload defaults to this checkout
-    return locate_repo(form.repo, config, form.host)
+def _build_run_body(form: FormInput, variant: str, graph: bool) -> dict:
+    """One variant x execution mode as a run spec body, without repo or ref."""
+    workload = _clean_workload({**form.workload, "cuda_graph": graph})
+    body = {"engine": form.engine, "host": form.host, "device": form.device, "workload": workload,
+            "timeout_s": form.timeout_s}
+    if form.engine == "reference":
+        workload["kv"] = variant
+    else:
+        body["variant"] = variant
+    return body
 
 
-def _expand_range(form: FormInput, config: Config) -> tuple[list, str | None, str | None]:
-    from ingest.runs.git import list_first_parent
-    from ingest.runs.worker import make_host_for
+def _is_checkout_unknown(form: FormInput, config: Config) -> bool:
+    """Whether only the machine can say where `form.repo` is: a repo the config does not name,
+    other than this checkout, for a run on this machine, may be the path of a checkout here."""
+    return form.repo not in ("", "stepwatch", *config.repos) and config.host(form.host).ssh is None
 
-    name, path = find_repo_location(form, config)
-    if path is None:
-        raise SpecError(f"commits: the range {form.commits!r} needs a repo from the config's [repos]"
+
+def _check_range(form: FormInput, config: Config) -> None:
+    """What a range needs that no lookup can supply: both ends spelled as refs, a positive K, and
+    a checkout that can exist: a repo from the config, else (on this machine only) this checkout
+    for the reference engine or a path the worker will look for."""
+    text = form.commits.strip()
+    if (not form.repo and form.engine != "reference") or (form.repo not in config.repos
+                                                          and config.host(form.host).ssh is not None):
+        raise SpecError(f"commits: the range {text!r} needs a repo from the config's [repos]"
                         " (or, for the reference engine on this machine, this checkout)")
-    return list_first_parent(make_host_for(config, form.host), path, form.commits.strip(), form.every), name, path
+    if form.every < 1:
+        raise SpecError(f"every: {form.every}: must be a positive integer")
+    check_commits(text)
+
+
+def _plan_range_job(form: FormInput, config: Config, runs: list[dict], batch: str) -> JobPlan:
+    """One range job for the runs at the commits the worker will find; each run is checked by
+    parse_spec first, at the range's last ref (spelling only) and in the repo when the config
+    names it."""
+    text = form.commits.strip()
+    if ".." in text:
+        _check_range(form, config)
+    repo = form.repo if form.repo in (*config.repos, "stepwatch") else None
+    probes = [parse_spec(place_at_commit(body, repo, text.partition("..")[2] or text or None), config)
+              for body in runs]
+    expand = RangeSpec(commits=text, repo=form.repo, runs=tuple(runs), host=form.host, every=form.every,
+                       batch=batch)
+    parse_job_spec(json.loads(expand.to_json()), config)  # what the worker will read, refused here if it would be
+    every = f" every {form.every}" if ".." in text and form.every > 1 else ""
+    variants = ", ".join(dict.fromkeys(p.describe_variant() for p in probes))
+    what = probes[0].workload.preset or probes[0].workload.model_path or "?"
+    label = (f"{form.engine} {what} {variants} {form.repo or 'stepwatch'}@{text or 'HEAD'}{every} "
+             f"on {form.host}/{form.device}")
+    return JobPlan([(expand.to_json(), label)], batch, expand=expand)
 
 
 def plan_jobs(form: FormInput, config: Config) -> JobPlan:
-    """Every spec the form asks for, each checked by parse_spec; raises SpecError (or another
-    RunError: an unreachable host) with the reason, before anything is queued."""
+    """The jobs the form asks for, every field checked that needs no git, host or checkout
+    (parse_spec, the range's spelling); raises SpecError with the reason before anything is
+    queued."""
     text = form.commits.strip()
     if form.engine == "import":
         body = {"engine": "import", "host": form.host, "device": form.device, "path": form.path.strip() or None,
                 "repo": form.repo or None, "ref": text or None, "timeout_s": form.timeout_s}
         spec = parse_spec({k: v for k, v in body.items() if v is not None}, config)
-        return JobPlan([spec], batch=f"form {spec.describe()}")
+        return JobPlan([(spec.to_json(), spec.describe())], f"form {spec.describe()}", [spec])
     if not form.variants:
         raise SpecError("variants: choose at least one" + (" KV strategy" if form.engine == "reference" else ""))
     if not form.cuda_graph:
         raise SpecError("execution: choose eager, CUDA graph or both")
-    commits, repo_name, repo_path = ([], None, None)
+    runs = [_build_run_body(form, variant, graph) for variant in form.variants for graph in form.cuda_graph]
     if ".." in text:
-        commits, repo_name, repo_path = _expand_range(form, config)
-        refs = [c.sha for c in commits]
-    else:
-        refs = [text or None]
-        repo_name, repo_path = find_repo_location(form, config) if form.repo else (None, None)
-    specs = []
-    for ref in refs:
-        for variant in form.variants:
-            for graph in form.cuda_graph:
-                workload = _clean_workload({**form.workload, "cuda_graph": graph})
-                body = {"engine": form.engine, "host": form.host, "device": form.device, "workload": workload,
-                        "timeout_s": form.timeout_s}
-                if form.engine == "reference":
-                    workload["kv"] = variant
-                else:
-                    body["variant"] = variant
-                if repo_name:
-                    body["repo"] = repo_name
-                if repo_path and repo_name not in config.repos and repo_path != str(ROOT):
-                    body["repo_path"] = repo_path
-                if ref:
-                    body["ref"] = ref
-                specs.append(parse_spec(body, config))
-    if not commits:
-        from ingest.runs.worker import check_runnable
+        return _plan_range_job(form, config, runs, f"form {form.engine} {text} every {form.every}")
+    batch = f"form {form.engine} {text or 'HEAD'}"
+    if _is_checkout_unknown(form, config):
+        return _plan_range_job(form, config, runs, batch)
+    specs = [parse_spec(place_at_commit(body, form.repo or None, text or None), config) for body in runs]
+    return JobPlan([(s.to_json(), s.describe()) for s in specs], batch, specs)
 
-        check_runnable(specs[0], config)  # the host answers and the ref names a commit
-    what = f"{form.commits.strip()} every {form.every}" if commits else (text or "HEAD")
-    return JobPlan(specs, commits, repo_name, f"form {form.engine} {what}")
 
+def describe_range_job(plan: JobPlan) -> str:
+    """What a worker does with the plan's range job, for the page's note once it is queued."""
+    n = len(plan.expand.runs)
+    runs = f"{n} job{'s' if n > 1 else ''}"
+    if ".." in plan.expand.commits:
+        return f"a worker lists the range's commits and queues {runs} at each"
+    return f"a worker finds the checkout {plan.expand.repo} and queues {runs}"

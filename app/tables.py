@@ -54,6 +54,7 @@ def run_columns() -> dict:
 
 
 def kernel_columns() -> dict:
+    """The Run page's kernel table: these columns, in this order (its frame has more)."""
     return {
         "name": st.column_config.TextColumn("kernel", width="large"), "category": "category",
         "calls_per_step": st.column_config.NumberColumn("calls/step", format="%.1f"),

@@ -1,46 +1,108 @@
-"""Queries behind change detection: runs grouped into series along commit order, their per-step
-samples and kernel rows, and the changes found in them. Functions take a db.store.Store."""
+"""A run's series, in one place: the SQL that names it and matches rows to it, and what change
+tracking reads and writes along one series. Functions take a db.store.Store.
+
+A series is the runs that measured a commit with one repository, engine, GPU and workload key
+(the workload without its variant and run-length fields). Trends draws one line per variant of
+it; change tracking follows each variant on its own. Pages name a series by plain values, so
+that a URL can hold them: a missing engine or GPU is '', and the long workload key is named by
+its workload id, the first 10 hex digits of its md5. The changes table keeps a missing name as
+NULL, as the runs table does (`stored_series`).
+
+Every query that picks a series' runs or changes builds its condition from the fragments below
+(db.views for the pages, this module for the tracker), so there is one definition of a series.
+This module loads neither pandas nor NumPy (db.store reads `STEP_MS` from it).
+"""
 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # frames come from DuckDB's .df()
+    import pandas as pd
 
-SERIES_COLUMNS = ["repo", "engine", "workload_key", "device_name", "variant"]
+# what a run's "step ms" is: the step time measured without the profiler when the bundle has
+# it (tok/s comes from the same timing), else the median profiled step
+STEP_MS = "coalesce(r.timing_ms_median, r.step_ms_median)"
+
+# the columns of a run (or a change) that say which series it belongs to
+_SERIES_COLUMNS = ("repo_id", "engine", "device_name", "workload_key")
+SERIES_KEY = ", ".join(_SERIES_COLUMNS)
 
 
-def list_series(store, repo: str | None = None) -> pd.DataFrame:
-    """Every (repo, engine, workload, device, variant) with runs at known commits."""
-    return store.con.execute(
-        "SELECT p.name AS repo, r.engine, r.workload_key, r.device_name, r.variant, count(*) AS runs"
-        " FROM runs r JOIN repos p USING (repo_id) WHERE r.commit_id IS NOT NULL AND (? IS NULL OR p.name = ?)"
-        " GROUP BY ALL ORDER BY ALL", [repo, repo]).df()
+def series_names_sql(row: str, repo: str) -> list[str]:
+    """SQL expressions of the names a page gives the series of `row` (a run or a change; `repo`
+    the alias of its repos row): repository, engine, GPU and workload id, missing names as ''."""
+    return [f"coalesce({repo}.name, '')", f"coalesce({row}.engine, '')", f"coalesce({row}.device_name, '')",
+            f"left(md5(coalesce({row}.workload_key, '')), 10)"]
 
 
-def load_points(store, repo: str, engine, workload_key, device_name, variant,
-                seq_range: tuple[int, int] | None = None) -> pd.DataFrame:
-    """The series' runs in commit order (first-parent seq, then date): one row per run, with
-    the untimed step samples from its manifest (`step_ms_samples`, a list, may be empty)."""
+def series_columns_sql(row: str, repo: str) -> str:
+    """SQL: series_names_sql as the columns repo, engine, device and workload_id."""
+    return ", ".join(f"{sql} AS {name}" for sql, name in zip(series_names_sql(row, repo),
+                                                            ("repo", "engine", "device", "workload_id")))
+
+
+def in_series_sql(row: str, repo: str, variant: bool = False) -> str:
+    """SQL: `row` is in the series named by ? parameters (repo, engine, device, workload id, and
+    with `variant` the variant, '' for none), as series_names_sql names it."""
+    names = series_names_sql(row, repo) + ([f"coalesce({row}.variant, '')"] if variant else [])
+    return " AND ".join(f"{name} = ?" for name in names)
+
+
+def same_series_sql(a: str, b: str) -> str:
+    """SQL: runs `a` and `b` are in one series (a missing name matches a missing name)."""
+    return " AND ".join(f"{a}.{c} IS NOT DISTINCT FROM {b}.{c}" for c in _SERIES_COLUMNS)
+
+
+def series_id_sql(row: str, repo: str) -> str:
+    """SQL: a name for one variant of a series in a URL (Regressions' `?series=`): 10 hex digits
+    of the md5 of its repository, engine, GPU, workload key and variant."""
+    return (f"left(md5(concat_ws('|', {repo}.name, coalesce({row}.engine, ''), coalesce({row}.device_name, ''),"
+            f" coalesce({row}.workload_key, ''), coalesce({row}.variant, ''))), 10)")
+
+
+def series_params(series: dict) -> list:
+    """The ? parameters of in_series_sql(..., variant=True) for a series named as pages name it
+    (db.views.list_series' columns, one variant)."""
+    return [series["repo"], series["engine"], series["device"], series["workload_id"], series["variant"]]
+
+
+def stored_series(series: dict) -> dict:
+    """A series as the changes table keeps it (repo, engine, workload_key, device_name, variant;
+    NULL, not '', where a name is missing), from one named as pages name it. Engines, variants
+    and repositories are labels, never empty; a GPU's name is the trace's (a trace that names
+    its GPU '' has its changes stored with no GPU name, NULL, as it is shown). A frame's missing
+    value (NaN) is NULL too."""
+    return {"repo": series["repo"], "engine": _stored(series["engine"]),
+            "workload_key": _stored(series["workload_key"]), "device_name": _stored(series["device"]),
+            "variant": _stored(series["variant"])}
+
+
+def _stored(name) -> str | None:
+    return name if isinstance(name, str) and name else None
+
+
+def list_series_runs(store, series: dict, seq_range: tuple[int, int] | None = None) -> pd.DataFrame:
+    """The runs of one variant of a series (named as pages name it) in commit order (first-parent
+    seq, then date): one row per run, with the untimed step samples from its manifest
+    (`step_ms_samples`, a list, may be empty)."""
     lo, hi = seq_range if seq_range else (None, None)
-    engine, workload_key, device_name, variant = (None if pd.isna(v) else v
-                                                  for v in (engine, workload_key, device_name, variant))
     frame = store.con.execute(
         "SELECT r.run_id, c.commit_id, c.sha, c.seq, c.committed_at, c.author, c.subject,"
-        " r.tok_per_s, coalesce(r.timing_ms_median, r.step_ms_median) AS step_ms, r.copy_share,"
+        f" r.tok_per_s, {STEP_MS} AS step_ms, r.copy_share,"
         " r.batch_size, r.layers, r.job_id, r.manifest->>'$.timing.step_ms' AS samples_json"
         " FROM runs r JOIN commits c USING (commit_id) JOIN repos p ON p.repo_id = r.repo_id"
-        " WHERE p.name = ? AND r.engine IS NOT DISTINCT FROM ? AND r.workload_key IS NOT DISTINCT FROM ?"
-        " AND r.device_name IS NOT DISTINCT FROM ? AND r.variant IS NOT DISTINCT FROM ?"
+        f" WHERE {in_series_sql('r', 'p', variant=True)}"
         " AND (? IS NULL OR c.seq >= ?) AND (? IS NULL OR c.seq <= ?)"
         " ORDER BY c.seq NULLS LAST, c.committed_at, r.run_id",
-        [repo, engine, workload_key, device_name, variant, lo, lo, hi, hi]).df()
+        series_params(series) + [lo, lo, hi, hi]).df()
     frame["step_ms_samples"] = [json.loads(s) if isinstance(s, str) and s else [] for s in frame.pop("samples_json")]
     return frame
 
 
-def load_step_categories(store, run_ids: list[int]) -> pd.DataFrame:
-    """Per run and profiled step: wall time and time per category (rank 0)."""
+def list_step_categories(store, run_ids: list[int]) -> pd.DataFrame:
+    """Per run and profiled step (rank 0): wall time, kernel time and time per category."""
     return store.con.execute(
         "SELECT s.run_id, s.step, s.wall_us, s.kernel_us, c.category, coalesce(c.dur_us, 0) AS dur_us"
         " FROM steps s LEFT JOIN step_categories c USING (run_id, rank, step)"
@@ -48,31 +110,19 @@ def load_step_categories(store, run_ids: list[int]) -> pd.DataFrame:
         [list(map(int, run_ids))]).df()
 
 
-def load_runs_facts(store, run_ids: list[int]) -> dict[int, dict]:
-    """Store.get_run of each run plus its manifest, timing median and batch size, in two
-    queries whatever the number of runs (a series read holds the file: one query per run made
-    that hold grow with the series)."""
-    runs = store.get_runs(run_ids)
-    rows = store.con.execute("SELECT run_id, manifest, timing_ms_median, batch_size FROM runs"
-                             " WHERE list_contains(?, run_id)", [list(map(int, run_ids))]).fetchall()
-    for run_id, manifest, timing, batch in rows:
-        run = runs[run_id]
-        run["manifest"] = json.loads(manifest) if manifest else None
-        run["timing_ms_median"], run["batch_size"] = timing, batch
-    return runs
-
-
-def replace_changes(store, repo: str, series: dict, rows: list[dict]) -> list[int]:
-    """Replace a series' stored changes by `rows` (one transaction); returns their ids."""
+def replace_changes(store, series: dict, rows: list[dict]) -> list[int]:
+    """Replace the stored changes of one variant of a series (named as pages name it) by `rows`,
+    in one transaction; returns their ids."""
     con = store.con
-    repo_id = store._ensure_repo(repo)
-    key = [repo_id, series["engine"], series["workload_key"], series["device_name"], series["variant"]]
+    stored = stored_series(series)
+    key = [store._ensure_repo(stored["repo"]), stored["engine"], stored["workload_key"], stored["device_name"],
+           stored["variant"]]
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute(
-            "DELETE FROM changes WHERE repo_id = ? AND engine IS NOT DISTINCT FROM ?"
-            " AND workload_key IS NOT DISTINCT FROM ? AND device_name IS NOT DISTINCT FROM ?"
-            " AND variant IS NOT DISTINCT FROM ?", key)
+            "DELETE FROM changes WHERE change_id IN (SELECT ch.change_id FROM changes ch"
+            f" JOIN repos p ON p.repo_id = ch.repo_id WHERE {in_series_sql('ch', 'p', variant=True)})",
+            series_params(series))
         ids = []
         for r in rows:
             ids.append(con.execute(
@@ -89,18 +139,3 @@ def replace_changes(store, repo: str, series: dict, rows: list[dict]) -> list[in
         con.execute("ROLLBACK")
         raise
     return ids
-
-
-def list_changes(store, repo: str | None = None, limit: int = 200) -> pd.DataFrame:
-    """Newest first (by the first bad commit's order), with both commits' facts."""
-    return store.con.execute(
-        "SELECT ch.change_id, p.name AS repo, ch.engine, ch.workload_key, ch.device_name, ch.variant,"
-        " ch.metric, ch.direction, ch.before_value, ch.after_value, ch.rel_change, ch.p_value,"
-        " ch.commits_between, ch.bisect_runs, ch.explanation, ch.diagnosis,"
-        " g.sha AS last_good_sha, b.sha AS first_bad_sha, b.subject AS first_bad_subject,"
-        " b.committed_at AS first_bad_date, b.author AS first_bad_author, b.seq AS first_bad_seq,"
-        " ch.last_good_run_id, ch.first_bad_run_id, ch.detected_at"
-        " FROM changes ch JOIN repos p USING (repo_id)"
-        " JOIN commits g ON g.commit_id = ch.last_good_commit_id JOIN commits b ON b.commit_id = ch.first_bad_commit_id"
-        " WHERE ? IS NULL OR p.name = ? ORDER BY b.seq DESC NULLS LAST, ch.change_id DESC LIMIT ?",
-        [repo, repo, limit]).df()

@@ -1,4 +1,6 @@
-"""The DuckDB file: opening it, migrating it, and every query stepwatch makes.
+"""The DuckDB file: opening it, migrating it, writing runs, commits and jobs, and reading one
+run's rows (its row, ranks, categories and kernels: what `ingest report` reads without pandas).
+The pages' queries are in db.views, change tracking's in db.series.
 
 One `Store` owns a connection. Each method carries its SQL inline with `?` parameters; values
 are never formatted into SQL. Migrations are the numbered files in db/migrations, applied in
@@ -19,10 +21,11 @@ import duckdb
 
 from .attach import AttachError, attach, detach
 from .common import DEFAULT_DB, StoreError
+from .lock import DbLock, LockTimeout
+from .series import STEP_MS, series_columns_sql
 
 if TYPE_CHECKING:  # frames come from DuckDB's .df(), which loads pandas when first called
     import pandas as pd
-from .lock import DbLock, LockTimeout
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -209,7 +212,7 @@ class Store:
             applied.append(version)
         return applied
 
-    def schema_versions(self) -> list[int]:
+    def list_schema_versions(self) -> list[int]:
         return [v for (v,) in self.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()]
 
     # -- writing ------------------------------------------------------------------------
@@ -321,31 +324,52 @@ class Store:
             "rank_stats": self.con.execute("SELECT count(*) FROM rank_stats").fetchone()[0],
         }
 
-    _RUN_COLUMNS = (
-        "SELECT r.run_id AS id, p.name AS repo, c.sha AS commit, r.variant, r.engine,"
-        " r.device_name AS device, r.peak_gbps, r.ranks, r.steps, r.step_method,"
-        " r.step_ms_median, r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share,"
-        " r.kernel_us_total, r.kernels_from_cpu_ops, r.source_path, r.workload, r.notes,"
-        " (SELECT min(rank) FROM steps s WHERE s.run_id = r.run_id) AS first_rank"
-        " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
-        " LEFT JOIN commits c ON c.commit_id = r.commit_id")
+    # a run's row with its commit's facts and the names of its series (missing names as '', as
+    # pages name a series: db.series), its bundle's trace file names, diagnosis and notes
+    _RUN_SELECT = (
+        f"SELECT r.run_id, {series_columns_sql('r', 'p')}, coalesce(r.variant, '') AS variant, r.workload,"
+        " r.workload_key, c.sha, c.subject, c.author, c.committed_at, r.batch_size, r.peak_gbps, r.ranks,"
+        f" r.steps, r.step_method, r.step_ms_median, r.timing_ms_median, r.timing_ms_p10, r.timing_ms_p90,"
+        f" {STEP_MS} AS step_ms,"
+        " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
+        " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
+        " r.diagnosis, r.notes, (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
+        " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id LEFT JOIN commits c ON c.commit_id = r.commit_id")
 
-    def get_run(self, run_id: int) -> dict[str, Any] | None:
-        return self.get_runs([run_id]).get(run_id)
-
-    def get_runs(self, run_ids: list[int]) -> dict[int, dict[str, Any]]:
-        """get_run of each run that exists, in one query: {run_id: row}."""
-        cur = self.con.execute(self._RUN_COLUMNS + " WHERE list_contains(?, r.run_id)", [list(map(int, run_ids))])
-        names = [d[0] for d in cur.description]
-        out = {}
-        for row in cur.fetchall():
+    @staticmethod
+    def _run_rows(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+        names = [d[0] for d in cursor.description]
+        runs = []
+        for row in cursor.fetchall():
             run = dict(zip(names, row))
-            run["workload"] = json.loads(run["workload"]) if run["workload"] else None
-            run["notes"] = json.loads(run["notes"]) if run["notes"] else []
-            out[run["id"]] = run
-        return out
+            for field, empty in (("workload", None), ("trace_files", None), ("diagnosis", []), ("notes", [])):
+                run[field] = json.loads(run[field]) if run[field] else empty
+            runs.append(run)
+        return runs
 
-    def get_rank_stats(self, run_id: int, records: bool = False) -> "pd.DataFrame | list[dict]":
+    def get_run(self, run_id: int | None) -> dict[str, Any] | None:
+        """One run: its row (repo, engine, device and variant '' when missing; `step_ms` the
+        untimed median when the bundle has one, else the profiled one), its commit's facts (sha,
+        subject, author, committed_at; None without a commit), its series' `workload_id`, its
+        bundle's `trace_files` (None for a plain trace), its `diagnosis` (the {kind, text,
+        numbers, kernel} stored at import; [] when none was), `notes` and `kernel_rows`. None
+        when there is no such run (or no run id)."""
+        if run_id is None:
+            return None
+        runs = self._run_rows(self.con.execute(self._RUN_SELECT + " WHERE r.run_id = ?", [run_id]))
+        return runs[0] if runs else None
+
+    def list_runs(self, run_ids: list[int]) -> dict[int, dict[str, Any]]:
+        """get_run of each run that exists, in one query: {run_id: run}."""
+        cursor = self.con.execute(self._RUN_SELECT + " WHERE list_contains(?, r.run_id)", [list(map(int, run_ids))])
+        return {run["run_id"]: run for run in self._run_rows(cursor)}
+
+    def list_ranks(self, run_id: int) -> list[int]:
+        """The ranks the run has steps of, in order (a single trace's one rank keeps its number)."""
+        return [r for (r,) in self.con.execute(
+            "SELECT DISTINCT rank FROM steps WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
+
+    def list_rank_stats(self, run_id: int, records: bool = False) -> "pd.DataFrame | list[dict]":
         """One row per rank of the run (empty for runs imported before ranks were recorded).
         With `records`, a list of dicts (no pandas: what `ingest report` reads)."""
         return _result(self.con.execute(
@@ -355,7 +379,7 @@ class Store:
             [run_id],
         ), records)
 
-    def get_run_categories(self, run_id: int, rank: int = 0, records: bool = False) -> "pd.DataFrame | list[dict]":
+    def list_run_categories(self, run_id: int, rank: int = 0, records: bool = False) -> "pd.DataFrame | list[dict]":
         """Per-category ms per step (kernels inside steps) and share of all kernel time, largest first."""
         return _result(self.con.execute(
             "WITH per AS (SELECT category, sum(total_us) AS total_us, sum(ms_per_step) AS ms_per_step"
@@ -365,20 +389,24 @@ class Store:
             [run_id, rank],
         ), records)
 
-    _KERNEL_COLUMNS = ("name, category, launcher, source, calls, calls_per_step, total_us, mean_us,"
-                       " median_us, p90_us, min_us, max_us, ms_per_step, share, bytes_per_call, gbps,"
-                       " peak_fraction, ms_per_step_sd")
+    # the kernel table's columns: first those the Run page shows, in its order (app/tables.py)
+    _KERNEL_COLUMNS = ("name, category, calls_per_step, mean_us, ms_per_step, share, gbps, peak_fraction,"
+                       " launcher, source, calls, median_us, p90_us, bytes_per_call, total_us, min_us, max_us,"
+                       " ms_per_step_sd")
 
-    def get_kernel_stats(self, run_id: int, rank: int = 0, limit: int | None = None,
-                         records: bool = False) -> "pd.DataFrame | list[dict]":
+    def list_kernels(self, run_id: int, rank: int = 0, records: bool = False) -> "pd.DataFrame | list[dict]":
+        """The run's kernels on one rank, the most time first: calls, time per call and per step,
+        share of all kernel time, bytes per call, GB/s and fraction of peak where bytes are known
+        (NULL elsewhere), the launching op and source line ('' when unknown), and the step-to-step
+        sd of ms per step. With `records`, a list of dicts (no pandas: what `ingest report` reads)."""
         return _result(self.con.execute(
             f"SELECT {self._KERNEL_COLUMNS} FROM kernel_stats WHERE run_id = ? AND rank = ?"
-            " ORDER BY total_us DESC, name LIMIT ?",
-            [run_id, rank, limit if limit is not None else 2**62],
+            " ORDER BY total_us DESC, name",
+            [run_id, rank],
         ), records)
 
-    def get_kernel_stats_of_runs(self, run_ids: list[int], rank: int = 0) -> dict[int, pd.DataFrame]:
-        """get_kernel_stats of each run, in one query: {run_id: frame} (an empty frame for a run
+    def list_kernels_of_runs(self, run_ids: list[int], rank: int = 0) -> dict[int, pd.DataFrame]:
+        """list_kernels of each run, in one query: {run_id: frame} (an empty frame for a run
         without kernel rows)."""
         ids = list(map(int, run_ids))
         frame = self.con.execute(
@@ -469,6 +497,34 @@ class Store:
         ).fetchall()
         return bool(rows)
 
+    def finish_expanding_job(self, job_id: int, holder: tuple[str, int], jobs: list[tuple[str, str]],
+                             batch: str | None, *, note: str, log: str, commits: list[tuple] = ()) -> list[int] | None:
+        """End a range job (ingest/runs/expand.py) as succeeded, with `note` added to its label, and
+        queue the jobs it stands for ((spec JSON, label) each, in batch `batch`) with their commits
+        recorded (record_commit's arguments each), in one transaction and only while attempt
+        `holder` (worker, attempt) holds the job: a worker that dies on the way leaves the range
+        job to be taken back with nothing queued, never half of its jobs. Returns the new job ids,
+        or None when the attempt no longer held the job (and nothing was written)."""
+        worker, attempt = holder
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            held = self.con.execute(
+                "UPDATE jobs SET status = 'succeeded', label = label || ?, log = right(?, ?),"
+                " finished_at = current_timestamp"
+                " WHERE job_id = ? AND status = 'running' AND worker = ? AND attempts = ? RETURNING job_id",
+                [note, log, self.LOG_LIMIT, job_id, worker, attempt]).fetchall()
+            if not held:
+                self.con.execute("ROLLBACK")
+                return None
+            for commit in commits:
+                self.record_commit(*commit)
+            ids = [self.enqueue_job(spec_json, label, batch) for spec_json, label in jobs]
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        return ids
+
     def release_job(self, job_id: int, worker: str, attempt: int, status: str, note: str, *,
                     run_id: int | None = None, error_kind: str | None = None, error: str | None = None,
                     count_attempt: bool = True) -> list[dict] | None:
@@ -552,6 +608,12 @@ class Store:
         return [dict(zip(self.JOB_FIELDS, row)) for row in cur.fetchall()]
 
     # -- commits ----------------------------------------------------------------------------
+    def list_commits(self, commit_ids: list[int]) -> dict[int, dict[str, Any]]:
+        """The sha and subject of each commit that exists: {commit_id: {"sha", "subject"}}."""
+        rows = self.con.execute("SELECT commit_id, sha, subject FROM commits WHERE list_contains(?, commit_id)",
+                                [sorted(set(map(int, commit_ids)))]).fetchall()
+        return {commit_id: {"sha": sha, "subject": subject} for commit_id, sha, subject in rows}
+
     def record_commit(self, repo: str, sha: str, committed_at, author: str | None, subject: str | None,
                       seq: int | None = None) -> int:
         """Insert or complete a commit's facts (date, author, subject, first-parent order)."""

@@ -4,7 +4,10 @@
 Trend series: runs that measured a commit, grouped by repository, engine, GPU and workload key
 (the workload without its variant and run-length fields). The key is long JSON, so pages name a
 series by `workload_id`, the first 10 hex digits of its md5. Missing repo, engine or GPU names
-are the empty string here, so that a series can be named by plain values in a URL.
+are the empty string here, so that a series can be named by plain values in a URL. How a series
+is named and matched is db.series' (one definition); one run's row and kernels are db.store's.
+Change tracking reads its series and changes here too (list_series, get_series_of_run,
+list_changes).
 """
 
 from __future__ import annotations
@@ -14,14 +17,11 @@ from typing import Any
 
 import pandas as pd
 
+from .series import (STEP_MS, SERIES_KEY, in_series_sql, same_series_sql, series_columns_sql, series_id_sql,
+                     series_names_sql)
 from .store import Store
 
-# what a run's "step ms" is: the step time measured without the profiler when the bundle has
-# it (tok/s comes from the same timing), else the median profiled step
-_STEP_MS = "coalesce(r.timing_ms_median, r.step_ms_median)"
-_WORKLOAD_ID = "left(md5(coalesce(r.workload_key, '')), 10)"
-_SERIES_WHERE = (f"coalesce(p.name, '') = ? AND coalesce(r.engine, '') = ? AND coalesce(r.device_name, '') = ?"
-                 f" AND {_WORKLOAD_ID} = ?")
+_SERIES_NAMES = series_columns_sql("r", "p")
 # a kernel whose calls per step are the same and whose ms per step moved by less than this
 # fraction (or less than 1 us) is "same" in a kernel diff
 SAME_WITHIN = 0.05
@@ -41,19 +41,19 @@ def count_runs(store: Store) -> dict[str, int]:
                        " (SELECT count(*) FROM jobs) AS jobs", [])
 
 
-def list_series(store: Store) -> pd.DataFrame:
-    """One row per trend series (runs with a commit), the one with the most runs first."""
+def list_series(store: Store, repo: str | None = None) -> pd.DataFrame:
+    """One row per trend series (runs with a commit; of one repository, or of all), the one with
+    the most runs first: its names, batch size, workload key ('' for none), runs, commits
+    measured and variants ('' for none)."""
     return store.con.execute(
-        "SELECT repo, engine, device, batch_size, left(md5(workload_key), 10) AS workload_id, workload_key,"
-        " runs, commits, variants FROM ("
-        "  SELECT coalesce(p.name, '') AS repo, coalesce(r.engine, '') AS engine,"
-        "   coalesce(r.device_name, '') AS device, r.batch_size, coalesce(r.workload_key, '') AS workload_key,"
+        "SELECT repo, engine, device, batch_size, workload_id, workload_key, runs, commits, variants FROM ("
+        f"  SELECT {_SERIES_NAMES}, r.batch_size, coalesce(r.workload_key, '') AS workload_key,"
         "   count(*) AS runs, count(DISTINCT r.commit_id) AS commits,"
         "   list(DISTINCT coalesce(r.variant, '') ORDER BY coalesce(r.variant, '')) AS variants"
         "  FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
-        "  WHERE r.commit_id IS NOT NULL GROUP BY ALL)"
+        "  WHERE r.commit_id IS NOT NULL AND (? IS NULL OR p.name = ?) GROUP BY ALL)"
         " ORDER BY runs DESC, repo, engine, device, workload_id",
-        [],
+        [repo, repo],
     ).df()
 
 
@@ -70,11 +70,11 @@ def get_trend(store: Store, repo: str, engine: str, device: str, workload_id: st
         "  r.tok_per_s,"
         "  r.tok_per_s * r.timing_ms_median / r.timing_ms_p90 AS tok_per_s_low,"
         "  r.tok_per_s * r.timing_ms_median / r.timing_ms_p10 AS tok_per_s_high,"
-        f"  {_STEP_MS} AS step_ms, r.timing_ms_p10 AS step_ms_p10, r.timing_ms_p90 AS step_ms_p90,"
+        f"  {STEP_MS} AS step_ms, r.timing_ms_p10 AS step_ms_p10, r.timing_ms_p90 AS step_ms_p90,"
         "  r.copy_share, r.gpu_busy_share, r.imported_at,"
         "  count(DISTINCT c.commit_id) OVER () AS last_order"
         " FROM runs r JOIN commits c ON c.commit_id = r.commit_id LEFT JOIN repos p ON p.repo_id = r.repo_id"
-        f" WHERE {_SERIES_WHERE})"
+        f" WHERE {in_series_sql('r', 'p')})"
         " WHERE ? IS NULL OR commit_order > last_order - ?"
         " ORDER BY commit_order, variant, run_id",
         [repo, engine, device, workload_id, last_commits, last_commits],
@@ -114,23 +114,23 @@ def get_trend_breakdown(store: Store, run_ids: list[int], what: str) -> pd.DataF
     return store.con.execute(sql, [ids, name]).df()
 
 
-def find_series_of_run(store: Store, run_id: int | None) -> tuple[str, str, str, str] | None:
-    """(repo, engine, device, workload_id) of the series a run belongs to; None for a run
+def get_series_of_run(store: Store, run_id: int | None) -> dict[str, Any] | None:
+    """The series a run belongs to, named as list_series names it (repo, engine, device,
+    workload_id), with its workload key and the run's variant ('' for none); None for a run
     without a commit (or no such run)."""
     if run_id is None:
         return None
-    row = store.con.execute(
-        f"SELECT coalesce(p.name, ''), coalesce(r.engine, ''), coalesce(r.device_name, ''), {_WORKLOAD_ID}"
-        " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id WHERE r.run_id = ? AND r.commit_id IS NOT NULL",
-        [run_id],
-    ).fetchone()
-    return tuple(row) if row else None
+    return _one(store, f"SELECT {_SERIES_NAMES}, coalesce(r.workload_key, '') AS workload_key,"
+                       " coalesce(r.variant, '') AS variant FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+                       " WHERE r.run_id = ? AND r.commit_id IS NOT NULL", [run_id])
 
 
 def get_trend_of_run(store: Store, run_id: int | None) -> pd.DataFrame | None:
     """get_trend of the series the run belongs to; None for a run without a commit."""
-    series = find_series_of_run(store, run_id)
-    return get_trend(store, *series) if series else None
+    series = get_series_of_run(store, run_id)
+    if series is None:
+        return None
+    return get_trend(store, series["repo"], series["engine"], series["device"], series["workload_id"])
 
 
 def pick_run_at(trend: pd.DataFrame, sha: str, variant: str) -> int | None:
@@ -164,7 +164,7 @@ def list_runs_without_commit(store: Store, limit: int = 200) -> pd.DataFrame:
     return store.con.execute(
         "SELECT r.run_id, r.imported_at, r.source_path, coalesce(r.engine, '') AS engine,"
         " coalesce(r.variant, '') AS variant, coalesce(r.device_name, '') AS device, r.steps,"
-        f" r.tok_per_s, {_STEP_MS} AS step_ms, r.copy_share, r.kernels_from_cpu_ops"
+        f" r.tok_per_s, {STEP_MS} AS step_ms, r.copy_share, r.kernels_from_cpu_ops"
         " FROM runs r WHERE r.commit_id IS NULL ORDER BY r.run_id DESC LIMIT ?",
         [limit],
     ).df()
@@ -175,47 +175,13 @@ def list_recent_runs(store: Store, limit: int = 500) -> pd.DataFrame:
     return store.con.execute(
         "SELECT r.run_id, coalesce(left(c.sha, 7), '') AS short_sha, coalesce(r.variant, '') AS variant,"
         " coalesce(r.engine, '') AS engine, coalesce(r.device_name, '') AS device, r.workload_key,"
-        f" r.tok_per_s, {_STEP_MS} AS step_ms"
+        f" r.tok_per_s, {STEP_MS} AS step_ms"
         " FROM runs r LEFT JOIN commits c ON c.commit_id = r.commit_id ORDER BY r.run_id DESC LIMIT ?",
         [limit],
     ).df()
 
 
-# -- one run -------------------------------------------------------------------------------
-def get_run_overview(store: Store, run_id: int | None) -> dict[str, Any] | None:
-    """The run's row with its commit's facts, its series' names, its bundle's trace file names
-    (None for a plain trace), its diagnosis (the list of {kind, text, numbers, kernel} stored at
-    import; empty when none was) and its kernel row count; None when there is no such run (or no
-    run id)."""
-    if run_id is None:
-        return None
-    out = _one(
-        store,
-        "SELECT r.run_id, coalesce(p.name, '') AS repo, c.sha, c.subject, c.author, c.committed_at,"
-        " coalesce(r.variant, '') AS variant, coalesce(r.engine, '') AS engine,"
-        " coalesce(r.device_name, '') AS device, r.workload, r.workload_key,"
-        f" {_WORKLOAD_ID} AS workload_id, r.batch_size, r.peak_gbps, r.ranks, r.steps, r.step_method,"
-        f" r.step_ms_median, r.timing_ms_median, r.timing_ms_p10, r.timing_ms_p90, {_STEP_MS} AS step_ms,"
-        " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
-        " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
-        " r.diagnosis, (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows,"
-        " r.notes FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
-        " LEFT JOIN commits c ON c.commit_id = r.commit_id WHERE r.run_id = ?",
-        [run_id],
-    )
-    if out is not None:
-        out["workload"] = json.loads(out["workload"]) if out["workload"] else None
-        out["trace_files"] = json.loads(out["trace_files"]) if out["trace_files"] else None
-        out["diagnosis"] = json.loads(out["diagnosis"]) if out["diagnosis"] else []
-        out["notes"] = json.loads(out["notes"]) if out["notes"] else []
-    return out
-
-
-def list_ranks(store: Store, run_id: int) -> list[int]:
-    return [r for (r,) in store.con.execute(
-        "SELECT DISTINCT rank FROM steps WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
-
-
+# -- one run (its row, ranks and kernel table: Store.get_run, list_ranks, list_kernels) ------
 def get_step_breakdown(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame:
     """Kernel time per category in each profiled step (ms), plus `idle`: the step's wall time
     in which no kernel ran (GPU idle; for a CPU-only trace, time outside the top-level ops)."""
@@ -248,16 +214,6 @@ def get_category_means(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame
     ).df()
 
 
-def get_kernel_table(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame:
-    """The run's kernels, the most time first; GB/s and % of peak where bytes are known."""
-    return store.con.execute(
-        "SELECT name, category, calls_per_step, mean_us, ms_per_step, share, gbps,"
-        " peak_fraction, launcher, source, calls, median_us, p90_us, bytes_per_call"
-        " FROM kernel_stats WHERE run_id = ? AND rank = ? ORDER BY total_us DESC, name",
-        [run_id, rank],
-    ).df()
-
-
 def get_job(store: Store, job_id: int | None) -> dict[str, Any] | None:
     """A job with its log (the last 64 KB of its output); None when there is no such job (or no
     job id: a run imported without one)."""
@@ -268,15 +224,15 @@ def get_run_detail(store: Store, run_id: int | None, rank: int | None = None) ->
     """Everything the Run page shows of one run and rank (by default its first: the only rank
     of a single trace, whatever its number), in one go: the overview, its ranks and their
     figures, the step breakdown and category means, the kernel table and the job that made it."""
-    run = get_run_overview(store, run_id)
+    run = store.get_run(run_id)
     if run is None:
         return None
-    ranks = list_ranks(store, run_id)
+    ranks = store.list_ranks(run_id)
     if rank is None or rank not in ranks:
         rank = ranks[0] if ranks else 0
-    return {"run": run, "ranks": ranks, "rank": rank, "rank_stats": store.get_rank_stats(run_id),
+    return {"run": run, "ranks": ranks, "rank": rank, "rank_stats": store.list_rank_stats(run_id),
             "breakdown": get_step_breakdown(store, run_id, rank), "means": get_category_means(store, run_id, rank),
-            "kernels": get_kernel_table(store, run_id, rank), "job": get_job(store, run["job_id"])}
+            "kernels": store.list_kernels(run_id, rank), "job": get_job(store, run["job_id"])}
 
 
 # -- two runs ------------------------------------------------------------------------------
@@ -285,18 +241,16 @@ def get_variant_matrix(store: Store, run_a: int, run_b: int) -> pd.DataFrame:
     each variant at each commit, with tok/s, step ms and copy share side by side. Empty when a
     run has no commit."""
     return store.con.execute(
-        "WITH anchor AS (SELECT repo_id, engine, device_name, workload_key FROM runs WHERE run_id = ?),"
+        f"WITH anchor AS (SELECT {SERIES_KEY} FROM runs WHERE run_id = ?),"
         " pair AS (SELECT (SELECT commit_id FROM runs WHERE run_id = ?) AS a, (SELECT commit_id FROM runs"
         "   WHERE run_id = ?) AS b),"
         " picked AS ("
         "  SELECT r.commit_id, coalesce(r.variant, '') AS variant, r.run_id, r.tok_per_s,"
-        f"  {_STEP_MS} AS step_ms, r.copy_share,"
+        f"  {STEP_MS} AS step_ms, r.copy_share,"
         "   row_number() OVER (PARTITION BY r.commit_id, coalesce(r.variant, '')"
         "                      ORDER BY r.imported_at DESC, r.run_id DESC) AS newest"
         "  FROM runs r, anchor s, pair"
-        "  WHERE r.repo_id IS NOT DISTINCT FROM s.repo_id AND r.engine IS NOT DISTINCT FROM s.engine"
-        "   AND r.device_name IS NOT DISTINCT FROM s.device_name AND r.workload_key IS NOT DISTINCT FROM s.workload_key"
-        "   AND r.commit_id IN (pair.a, pair.b))"
+        f"  WHERE {same_series_sql('r', 's')} AND r.commit_id IN (pair.a, pair.b))"
         " SELECT variant,"
         "  max(run_id) FILTER (WHERE commit_id = pair.a) AS a_run_id,"
         "  max(run_id) FILTER (WHERE commit_id = pair.b) AS b_run_id,"
@@ -363,11 +317,9 @@ def get_run_spread(store: Store, run_id: int | None) -> dict[str, Any]:
     the run's repository, engine, GPU and workload. {"spread": float or None (no repeated runs),
     "pairs": repeated runs it rests on (runs beyond the first of each group), "groups": groups}."""
     row = store.con.execute(
-        "WITH anchor AS (SELECT repo_id, engine, device_name, workload_key FROM runs WHERE run_id = ?),"
-        f" x AS (SELECT r.commit_id, coalesce(r.variant, '') AS variant, ln({_STEP_MS}) AS v"
-        "  FROM runs r, anchor s WHERE r.commit_id IS NOT NULL AND r.repo_id IS NOT DISTINCT FROM s.repo_id"
-        "   AND r.engine IS NOT DISTINCT FROM s.engine AND r.device_name IS NOT DISTINCT FROM s.device_name"
-        f"   AND r.workload_key IS NOT DISTINCT FROM s.workload_key AND {_STEP_MS} > 0),"
+        f"WITH anchor AS (SELECT {SERIES_KEY} FROM runs WHERE run_id = ?),"
+        f" x AS (SELECT r.commit_id, coalesce(r.variant, '') AS variant, ln({STEP_MS}) AS v"
+        f"  FROM runs r, anchor s WHERE r.commit_id IS NOT NULL AND {same_series_sql('r', 's')} AND {STEP_MS} > 0),"
         " g AS (SELECT count(*) AS n, var_samp(v) * (count(*) - 1) AS ss FROM x"
         "  GROUP BY commit_id, variant HAVING count(*) >= 2)"
         " SELECT sum(greatest(ss, 0)), sum(n - 1), count(*) FROM g", [run_id]).fetchone()
@@ -408,12 +360,12 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
     matrix = get_variant_matrix(store, run_a, run_b)
     matrix_runs = {int(r) for r in (*matrix["a_run_id"], *matrix["b_run_id"]) if pd.notna(r)} if len(matrix) else set()
     return {"run_a": run_a, "run_b": run_b, "by": by,
-            "a": get_run_overview(store, run_a), "b": get_run_overview(store, run_b),
+            "a": store.get_run(run_a), "b": store.get_run(run_b),
             "matrix": matrix, "matrix_samples": {r: get_step_samples(store, r)["ms"] for r in sorted(matrix_runs)},
             "trend": get_trend_of_run(store, run_a),
             "series": list_series(store), "diff": get_category_diff(store, run_a, run_b),
             "kernels": get_kernel_diff(store, run_a, run_b),
-            "kernels_a": get_kernel_table(store, run_a), "kernels_b": get_kernel_table(store, run_b),
+            "kernels_a": store.list_kernels(run_a), "kernels_b": store.list_kernels(run_b),
             "samples_a": get_step_samples(store, run_a), "samples_b": get_step_samples(store, run_b),
             "spread": get_run_spread(store, run_a),
             "changes": list_changes_at_commit_of_run(store, run_b)}
@@ -421,13 +373,12 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
 
 # -- confirmed changes (written by ingest.runs.track) -------------------------------------
 # one change with its series' names and both commits' facts; `series_id` names the series
-# (repo, engine, GPU, workload key, variant) by the first 10 hex digits of an md5, for URLs
+# (repo, engine, GPU, workload key, variant) for URLs
+_, _CHANGE_ENGINE, _CHANGE_DEVICE, _CHANGE_WORKLOAD_ID = series_names_sql("ch", "p")  # the repo: never NULL
 _CHANGES = (
-    "SELECT ch.change_id, p.name AS repo, coalesce(ch.engine, '') AS engine,"
-    " coalesce(ch.device_name, '') AS device, ch.workload_key,"
-    " left(md5(coalesce(ch.workload_key, '')), 10) AS workload_id, coalesce(ch.variant, '') AS variant,"
-    " left(md5(concat_ws('|', p.name, coalesce(ch.engine, ''), coalesce(ch.device_name, ''),"
-    "  coalesce(ch.workload_key, ''), coalesce(ch.variant, ''))), 10) AS series_id,"
+    f"SELECT ch.change_id, p.name AS repo, {_CHANGE_ENGINE} AS engine, {_CHANGE_DEVICE} AS device,"
+    f" ch.workload_key, {_CHANGE_WORKLOAD_ID} AS workload_id, coalesce(ch.variant, '') AS variant,"
+    f" {series_id_sql('ch', 'p')} AS series_id,"
     " ch.metric, ch.direction, ch.before_value, ch.after_value, ch.rel_change, ch.p_value,"
     " ch.commits_between, ch.bisect_runs, ch.diagnosis,"
     " g.sha AS last_good_sha, b.sha AS first_bad_sha, left(b.sha, 7) AS first_bad_short_sha,"
@@ -447,7 +398,8 @@ def _with_diagnosis(changes: pd.DataFrame) -> pd.DataFrame:
 
 
 def list_changes(store: Store, limit: int = 1000) -> pd.DataFrame:
-    """Every confirmed change, newest first (by the first bad commit's first-parent order)."""
+    """Every confirmed change (up to `limit`), newest first (by the first bad commit's
+    first-parent order), with its series' names, both commits' facts and its diagnosis."""
     return _with_diagnosis(store.con.execute(_CHANGES + _NEWEST_FIRST + " LIMIT ?", [limit]).df())
 
 
@@ -455,9 +407,8 @@ def list_series_changes(store: Store, repo: str, engine: str, device: str, workl
     """The confirmed tok/s, step ms and copy-share changes of one trend series (any variant):
     what the trend chart marks."""
     return _with_diagnosis(store.con.execute(
-        _CHANGES + " WHERE p.name = ? AND coalesce(ch.engine, '') = ? AND coalesce(ch.device_name, '') = ?"
-        " AND left(md5(coalesce(ch.workload_key, '')), 10) = ?"
-        " AND ch.metric IN ('tok_per_s', 'step_ms', 'copy_share')" + _NEWEST_FIRST,
+        _CHANGES + f" WHERE {in_series_sql('ch', 'p')} AND ch.metric IN ('tok_per_s', 'step_ms', 'copy_share')"
+        + _NEWEST_FIRST,
         [repo, engine, device, workload_id]).df())
 
 

@@ -218,12 +218,12 @@ def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
 
 
 def run_check(args) -> int:
-    from db.series import list_series
+    from db.series import stored_series
 
     from .regress.report import format_markdown
     from .runs.git import resolve_ref
     from .runs.hosts import LocalHost
-    from .runs.track import analyse_series
+    from .runs.track import analyse_series, list_tracked_series
 
     config = load_config(args.config)
     name, path = locate_repo(args.repo, config, repo_path=args.repo_path)
@@ -236,11 +236,9 @@ def run_check(args) -> int:
     lo, hi = resolve_ref(host, path, start), resolve_ref(host, path, end)
     rows = []
     with open_db(args.db, read_only=True) as store:
-        for s in list_series(store, name).to_dict(orient="records"):
-            rows += [{**s, **r} for r in analyse_series(store, s, (lo.seq, hi.seq))]
-        ids = sorted({r["first_bad_commit_id"] for r in rows})
-        facts = {cid: dict(zip(("sha", "subject"), store.con.execute(
-            "SELECT sha, subject FROM commits WHERE commit_id = ?", [cid]).fetchone())) for cid in ids}
+        for s in list_tracked_series(store, name):
+            rows += [{**stored_series(s), **r} for r in analyse_series(store, s, (lo.seq, hi.seq))]
+        facts = store.list_commits([r["first_bad_commit_id"] for r in rows])
     print(format_markdown(rows, facts, args.range_spec), end="")
     regressions = [r for r in rows if r["metric"] in ("tok_per_s", "step_ms") and r["direction"] == "regression"]
     return 1 if args.fail_on_regression and regressions else 0

@@ -43,19 +43,23 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
     run = store.get_run(run_id)
     if run is None:
         raise IngestError(f"{store.path}: no run with id {run_id}")
-    ranks = store.get_rank_stats(run_id, records=True)
-    rank = run["first_rank"] if rank is None else rank
-    known = {r["rank"] for r in ranks} if ranks else {run["first_rank"]}
+    ranks = store.list_rank_stats(run_id, records=True)
+    first_rank = next(iter(store.list_ranks(run_id)), None)
+    rank = first_rank if rank is None else rank
+    known = {r["rank"] for r in ranks} if ranks else {first_rank}
     if rank not in known:
         raise IngestError(f"run {run_id} has no rank {rank} (its ranks: {', '.join(map(str, sorted(known)))})")
-    cats = store.get_run_categories(run_id, rank, records=True)
-    kernels = store.get_kernel_stats(run_id, rank, records=True)
+    cats = store.list_run_categories(run_id, rank, records=True)
+    kernels = store.list_kernels(run_id, rank, records=True)
     for k in kernels:  # '' in the table means unknown
         for f in ("launcher", "source"):
             k[f] = k[f] or None
+    # the run row names a missing repo, variant or GPU '' (as pages do); the report says null
+    names = {"id": run["run_id"], "repo": run["repo"] or None, "commit": run["sha"], "variant": run["variant"] or None,
+             "device": run["device"] or None}
     return {
-        "run": {k: _clean(run[k]) for k in ("id", "repo", "commit", "variant", "device", "steps",
-                                             "step_method", "step_ms_median", "tok_per_s")}
+        "run": {k: _clean(v) for k, v in names.items()}
+               | {k: _clean(run[k]) for k in ("steps", "step_method", "step_ms_median", "tok_per_s")}
                | {"layers": _clean(run["layers"]), "ranks": run["ranks"], "rank": rank,
                   "kernels_from_cpu_ops": run["kernels_from_cpu_ops"]},
         "notes": run["notes"],

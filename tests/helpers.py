@@ -1,13 +1,19 @@
-"""Helpers shared by the tests: running the CLI as a user would, and hashing files."""
+"""Helpers shared by the tests: running the CLI as a user would, hashing files, waiting for a
+state, comparing a run's kernels with torch's key_averages(), and the config of a host reached
+through the test sshd."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -34,3 +40,33 @@ def wait_for(predicate, what: str, timeout_s: float = 300.0):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def write_ssh_config(tmp_path: Path, sshd: dict[str, str], port: int | None = None) -> str:
+    """A config file naming the host "loop": this machine through the test sshd (the `sshd`
+    fixture's settings), its workdir tmp_path/remote (made here); `port` replaces the sshd's."""
+    workdir = tmp_path / "remote"
+    workdir.mkdir()
+    path = tmp_path / "stepwatch.toml"
+    path.write_text(
+        f'[hosts.loop]\nssh = "{sshd["STEPWATCH_TEST_SSH_USER"]}@127.0.0.1"\n'
+        f'port = {port or sshd["STEPWATCH_TEST_SSH_PORT"]}\nidentity_file = "{sshd["STEPWATCH_TEST_SSH_KEY"]}"\n'
+        f'python = "{sys.executable}"\nworkdir = "{workdir}"\n'
+        f'ssh_options = ["UserKnownHostsFile={sshd["STEPWATCH_TEST_SSH_KNOWN_HOSTS"]}"]\n')
+    return str(path)
+
+
+def torch_kernel_rows(key_averages: Path, trace_path: Path) -> dict[str, dict]:
+    """key_averages rows that are GPU activities of the trace (their names occur as kernels)."""
+    body = json.loads(gzip.decompress(trace_path.read_bytes()))
+    gpu = {e["name"] for e in body["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
+    return {r["name"]: r for r in json.loads(key_averages.read_text()) if r["name"] in gpu}
+
+
+def assert_matches_torch(kernel_stats, expected: dict[str, dict]) -> None:
+    """A run's kernel calls and time, per kernel name, are torch's key_averages() rows' (0.5 %)."""
+    got = kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
+    assert set(got.index) == set(expected)
+    for name, row in got.iterrows():
+        assert row.calls == expected[name]["count"], name
+        assert row.total_us == pytest.approx(expected[name]["self_device_time_total_us"], rel=5e-3), name

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from tests.test_app_fixtures import find_run_id
+from tests.dashboard_fixture import find_run_id
+
+pytestmark = pytest.mark.slow  # AppTest pages
 
 
 def test_two_commits_show_every_variant_at_both(dashboard_db, open_page):

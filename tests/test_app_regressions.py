@@ -3,8 +3,12 @@ its test repository (real H200 glm5 CUDA-graph bundles, fused at one commit and 
 two unmeasured commits later) as the real tracker stored it: its size, its first bad commit, the
 commits still to bisect, the link to its comparison and its diagnosis. Filters live in the URL."""
 
+import pytest
+
 from db.store import open_db
-from tests.test_app_fixtures import KV_REGRESSION_SHAS, KV_REPO, find_run_id
+from tests.dashboard_fixture import KV_REGRESSION_SHAS, KV_REPO, find_run_id
+
+pytestmark = pytest.mark.slow  # AppTest pages
 
 GOOD, BAD = (sha[:7] for sha in KV_REGRESSION_SHAS)
 

@@ -3,9 +3,13 @@ H200 measured them, its kernels, its trace for Perfetto; a job's log; a CPU-only
 
 import json
 
+import pytest
+
 from ingest.cli import main
+from tests.dashboard_fixture import find_run_id
 from tests.helpers import DATA
-from tests.test_app_fixtures import find_run_id
+
+pytestmark = pytest.mark.slow  # AppTest pages
 
 
 def _metrics(at) -> dict:
@@ -25,6 +29,9 @@ def test_glm5_full_pool_cast_run(dashboard_db, open_page):
 
     kernels = at.dataframe[0].value
     assert len(kernels) == 16
+    assert list(at.dataframe[0].proto.column_order) == [  # the table's frame has more (Store.list_kernels)
+        "name", "category", "calls_per_step", "mean_us", "ms_per_step", "share", "gbps", "peak_fraction", "launcher",
+        "source", "calls", "median_us", "p90_us", "bytes_per_call"]
     cast = kernels.iloc[0]
     assert cast["name"].startswith("void at::native::unrolled_elementwise_kernel")
     # the share in percent, as the table prints it ("90.4 %")

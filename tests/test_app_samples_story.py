@@ -15,8 +15,10 @@ import pytest
 from app import charts
 from db import views
 from db.store import open_db
+from tests.dashboard_fixture import find_run_id
 from tests.helpers import ROOT
-from tests.test_app_fixtures import find_run_id
+
+pytestmark = pytest.mark.slow  # AppTest pages over the loaded samples
 
 REPO = "glm5-serving-demo"
 
@@ -44,8 +46,8 @@ def test_the_landing_opens_on_the_series_with_the_regression_and_marks_it(sample
     tok, share, step = _spec(at)["vconcat"]
     assert [layer["mark"]["type"] for layer in tok["layer"]][:2] == ["rule", "point"]  # the changes' markers
     with open_db(samples_db, read_only=True) as store:
-        series = views.find_series_of_run(store, find_run_id(samples_db, "demo-d445ae3-1-glm5-graph"))
-        marks = views.list_series_changes(store, *series)
+        series = views.get_series_of_run(store, find_run_id(samples_db, "demo-d445ae3-1-glm5-graph"))
+        marks = views.list_series_changes(store, *(series[k] for k in ("repo", "engine", "device", "workload_id")))
     assert sorted((m.first_bad_short_sha, m.direction) for m in marks.itertuples() if m.metric == "tok_per_s") == [
         ("bd182fd", "improvement"), ("d445ae3", "regression")]
     # the run-to-run spread of the workload, from the six commits measured twice

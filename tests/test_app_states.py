@@ -8,6 +8,8 @@ import pytest
 
 from db.store import open_db
 
+pytestmark = pytest.mark.slow  # AppTest pages
+
 PAGES = ["trends", "run", "compare", "regressions", "run_benchmark"]
 EMPTY_SENTENCES = {
     "trends": "No runs yet. Start one on the Run a benchmark page, or import a trace with",
@@ -48,12 +50,12 @@ def test_no_database_file(tmp_path, open_page, page):
 @pytest.fixture
 def held_db(dashboard_db, tmp_path, monkeypatch):
     """A copy of the fixture database that another process (a stand-in for a worker in the
-    middle of a write) holds open read-write for the length of the test."""
+    middle of a write) holds open read-write for the length of the test (killed at its end)."""
     path = tmp_path / "held.duckdb"
     path.write_bytes(dashboard_db.read_bytes())
     holder = subprocess.Popen(
         [sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('held', flush=True);"
-         " time.sleep(60)", str(path)], stdout=subprocess.PIPE, text=True)
+         " time.sleep(3600)", str(path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     monkeypatch.setenv("STEPWATCH_DB_WAIT_S", "0.5")
     yield path

@@ -3,7 +3,11 @@ filters from the URL, the runs without a commit listed apart."""
 
 import json
 
-from tests.test_app_fixtures import find_run_id
+import pytest
+
+from tests.dashboard_fixture import find_run_id
+
+pytestmark = pytest.mark.slow  # AppTest pages
 
 
 def _chart_spec(at) -> dict:
@@ -94,7 +98,7 @@ def test_a_series_without_a_change_has_no_marker(dashboard_db, open_page):
 _ONE_RUN_OF_THE_PAGE = """
 import sys
 from streamlit.testing.v1 import AppTest
-at = AppTest.from_file(sys.argv[1], default_timeout=60)
+at = AppTest.from_file(sys.argv[1], default_timeout=180)
 at.switch_page("screens/trends.py")
 at.run()
 assert not at.exception, at.exception
@@ -147,7 +151,7 @@ def test_log_axes_from_the_url(dashboard_db, open_page):
 
 def test_series_without_a_gpu_name_are_labelled_as_such(writable_db, open_page, tmp_path):
     from ingest.cli import main
-    from tests.test_app_fixtures import CPU_TRACE
+    from tests.dashboard_fixture import CPU_TRACE
 
     trace = tmp_path / "cpu.trace.json"  # another file than the fixture's own import of it (runs are by content)
     trace.write_bytes(CPU_TRACE.read_bytes() + b"\n")

@@ -41,8 +41,8 @@ from ingest.runs.spec import parse_spec
 from ingest.runs.track import track_changes
 from ingest.traces.categories import load_rule_chain
 from ingest.traces.importer import ImportOptions, diagnose_record, find_workload_key, prepare_import
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, free_port, need_browser, start_streamlit, wait_http
 from tests.helpers import ROOT
-from tests.test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _wait_http, start_streamlit
 
 SAMPLES = ROOT / "app" / "sample_data"
 
@@ -249,6 +249,7 @@ def hostile_db(tmp_path_factory) -> tuple[Path, dict[str, int]]:
 
 
 @pytest.mark.parametrize("page", PAGES)
+@pytest.mark.slow
 def test_every_page_shows_data_as_text(hostile_db, open_page, page):
     db, ids = hostile_db
     params, fields = PAGES[page]
@@ -263,6 +264,7 @@ def test_every_page_shows_data_as_text(hostile_db, open_page, page):
     assert not missing, (missing, bodies)
 
 
+@pytest.mark.slow
 def test_the_selectors_show_data_as_plain_text(hostile_db, open_page):
     """Selectbox options are plain text in the browser: they are given the raw values (escaping
     them would show backslashes)."""
@@ -280,7 +282,7 @@ def test_the_selectors_show_data_as_plain_text(hostile_db, open_page):
 @pytest.fixture(scope="module")
 def trap():
     """(port, recorded request paths): an HTTP server on 127.0.0.1 that records every request."""
-    _need_browser()
+    need_browser()
     paths: list[str] = []
 
     class Recorder(http.server.BaseHTTPRequestHandler):
@@ -309,10 +311,10 @@ def hostile_dashboard(trap, tmp_path_factory):
     ids = build_hostile_db(db, port)
     env = {**os.environ, "STEPWATCH_DB": str(db), "PYTHONUNBUFFERED": "1"}
     env.pop("STEPWATCH_CONFIG", None)
-    app_port = _free_port()
+    app_port = free_port()
     app = start_streamlit(env, app_port)
     try:
-        _wait_http(f"http://127.0.0.1:{app_port}/_stcore/health", 120, app)
+        wait_http(f"http://127.0.0.1:{app_port}/_stcore/health", 300, app)
         yield f"http://127.0.0.1:{app_port}", ids
     finally:
         app.terminate()
@@ -336,6 +338,7 @@ BROWSER_PAGES = {
 }
 
 
+@pytest.mark.slow
 def test_no_page_fetches_an_address_from_the_data(trap, hostile_dashboard):
     from playwright.sync_api import sync_playwright
 

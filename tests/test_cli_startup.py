@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("duckdb", "numpy", "pandas", "msgspec", "pyarrow", "torch")
 
@@ -44,6 +46,7 @@ def test_help_and_usage_errors_load_nothing_heavy():
     assert bad["code"] == 2 and "'x' is not an integer" in bad["err"] and bad["loaded"] == []
 
 
+@pytest.mark.slow
 def test_a_report_loads_duckdb_but_not_numpy_or_pandas(tmp_path):
     db = tmp_path / "s.duckdb"
     made = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], cwd=ROOT,

@@ -30,7 +30,7 @@ def _record(content_hash="abc", kernels=None):
 def test_migrations_apply_once_and_are_recorded(tmp_path):
     path = tmp_path / "s.duckdb"
     with open_db(path) as store:
-        assert store.schema_versions() == [v for v, _, _ in _migration_files()]
+        assert store.list_schema_versions() == [v for v, _, _ in _migration_files()]
     with open_db(path) as store:
         assert store.migrate() == []  # nothing left to apply on the second open
 
@@ -42,8 +42,8 @@ def test_run_round_trip_and_dedup(tmp_path):
         again, created_again = store.insert_run(_record())
         assert (again, created_again) == (run_id, False)
         run = store.get_run(run_id)
-        assert (run["repo"], run["commit"], run["layers"], run["tok_per_s"]) == ("sglang", "a" * 40, 78, 650.0)
-        k = store.get_kernel_stats(run_id)
+        assert (run["repo"], run["sha"], run["layers"], run["tok_per_s"]) == ("sglang", "a" * 40, 78, 650.0)
+        k = store.list_kernels(run_id)
         assert k.loc[0, "calls_per_step"] == 78.0 and pd.isna(k.loc[0, "bytes_per_call"])
         assert store.count_rows() == {"runs": 1, "steps": 1, "step_categories": 1, "kernel_stats": 1,
                                       "repos": 1, "commits": 1, "rank_stats": 0}  # a record without rank figures

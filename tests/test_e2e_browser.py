@@ -11,87 +11,41 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from db.store import open_db
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, free_port, need_browser, start_streamlit, wait_http
 from tests.helpers import ROOT
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+pytestmark = pytest.mark.slow  # a browser over streamlit and a worker
+
 SHOTS = ROOT / "tests" / "artifacts" / "e2e"
 GLM5_GRAPH = "glm5 · batch 1 · context 2048 · CUDA graph"
-
-
-def _need_browser():
-    missing = None
-    if not CHROMIUM.exists():
-        missing = f"Debian's chromium is not installed at {CHROMIUM} (scripts/install_browser.sh installs it)"
-    else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            missing = "the playwright package is not installed (requirements.txt)"
-    if missing and os.environ.get("CI") == "true":
-        pytest.fail(f"CI needs the browser test: {missing}")
-    if missing:
-        pytest.skip(missing)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_streamlit(env: dict, port: int) -> subprocess.Popen:
-    """The dashboard as ./run.sh serves it, on 127.0.0.1:port, headless, no usage stats."""
-    return subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"streamlit exited with {proc.returncode}:\n{proc.stdout.read()}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     """(base URL, database path): streamlit and a worker on a database of the sample runs."""
-    _need_browser()
+    need_browser()
     db = tmp_path_factory.mktemp("e2e") / "stepwatch.duckdb"
     env = {**os.environ, "STEPWATCH_DB": str(db), "PYTHONUNBUFFERED": "1"}
     env.pop("STEPWATCH_CONFIG", None)
     loaded = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr
-    port = _free_port()
+    port = free_port()
     logs = tmp_path_factory.mktemp("e2e-logs")
     worker_log = open(logs / "worker.log", "w")
     worker = subprocess.Popen([sys.executable, "-m", "ingest", "worker", "--db", str(db), "--poll-s", "0.5"],
                               cwd=ROOT, env=env, stdout=worker_log, stderr=subprocess.STDOUT)
     app = start_streamlit(env, port)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, app)
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 300, app)
         yield f"http://127.0.0.1:{port}", db
     finally:
         for proc in (app, worker):
@@ -113,7 +67,7 @@ def page(dashboard):
     with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="stepwatch-chromium-") as profile:
         context = p.chromium.launch_persistent_context(profile, executable_path=str(CHROMIUM), headless=True,
                                                        args=CHROMIUM_ARGS, viewport={"width": 1500, "height": 1100})
-        context.set_default_timeout(30_000)
+        context.set_default_timeout(120_000)  # a loaded machine is slow; a wait ends when it can
         yield context.new_page()
         context.close()
     print(f"\nscreenshots: {SHOTS}")
@@ -173,7 +127,7 @@ def _open_in_perfetto(page, db: Path) -> None:
     with page.context.expect_page() as opened:
         page.frame_locator("iframe").first.get_by_role("button", name="Open in Perfetto (new tab)").click()
     perfetto = opened.value
-    perfetto.wait_for_function("() => document.title === 'received'", timeout=30_000)
+    perfetto.wait_for_function("() => document.title === 'received'", timeout=120_000)
     got = perfetto.evaluate("() => window.received")
     assert got["bytes"] == len(trace) and got["head"] == [0x1F, 0x8B]  # the gzip'd trace as it is on disk
     assert got["fileName"].startswith(f"run{run_id}-d445ae3-default-trace.json.gz")

@@ -325,6 +325,7 @@ def _versions(checkout: Path, pythonpath: str = "") -> dict:
     return parse_json_line(out.stdout, "versions")
 
 
+@pytest.mark.slow
 def test_versions_script_tolerates_missing_pieces(tmp_path):
     (tmp_path / "python" / "sglang").mkdir(parents=True)
     (tmp_path / "python" / "sglang" / "version.py").write_text('__version__ = "0.4.6.post1"\n')
@@ -345,6 +346,7 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
+@pytest.mark.slow
 def test_versions_script_reports_the_checkout_not_the_installed_package(tmp_path):
     """sglang 0.5.23's python/sglang/version.py holds no number (setuptools-scm): importing it from
     a fresh worktree falls back to importlib.metadata, the INSTALLED package. The probe reads the
@@ -529,6 +531,7 @@ def _ops_inside_spans(events: list[dict], name: str) -> tuple[int, int]:
     return inside, len(ops) - inside
 
 
+@pytest.mark.slow
 def test_run_current_layout_end_to_end(fake, unpatched):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4), current layout."""
     made, model, _ = fake
@@ -569,6 +572,7 @@ def test_run_current_layout_end_to_end(fake, unpatched):
     assert record.steps == 3 and record.commit == made.current_sha
 
 
+@pytest.mark.slow
 def test_run_old_layout_end_to_end(fake, tmp_path_factory):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4), early layout:
     sglang.bench_one_batch, --profile-filename-prefix, the whole run traced into the cwd."""
@@ -588,6 +592,7 @@ def test_run_old_layout_end_to_end(fake, tmp_path_factory):
     assert _worktrees(made.path) == [str(made.path)]
 
 
+@pytest.mark.slow
 def test_patched_variant_loses_the_whole_pool_cast(unpatched, patched):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4): the stand-in patch
     replaces the whole-pool cast by a gather-then-cast, so the patched run really does less."""
@@ -601,6 +606,7 @@ def test_patched_variant_loses_the_whole_pool_cast(unpatched, patched):
     assert after.tok_per_s > 2 * before.tok_per_s
 
 
+@pytest.mark.slow
 def test_patch_that_does_not_apply_leaves_nothing(fake, tmp_path):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4)."""
     made, model, config = fake
@@ -614,6 +620,7 @@ def test_patch_that_does_not_apply_leaves_nothing(fake, tmp_path):
     assert list(tmp_path.iterdir()) == [] and not any(Path(d).exists() for d in host.temp_dirs)
 
 
+@pytest.mark.slow
 def test_missing_trace_is_an_error(fake, tmp_path):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4). With the CUDA
     profiler activity SGLang drives nsys and writes no torch trace; the stand-in does the same."""
@@ -624,6 +631,7 @@ def test_missing_trace_is_an_error(fake, tmp_path):
     assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_printed_lines_when_no_jsonl(fake, tmp_path, monkeypatch):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4), told to write no JSONL."""
     made, model, config = fake
@@ -635,6 +643,7 @@ def test_printed_lines_when_no_jsonl(fake, tmp_path, monkeypatch):
     assert (m.timing.median_ms / 1000, m.timing.tok_per_s) == pytest.approx(printed)
 
 
+@pytest.mark.slow
 def test_eager_decode_span_covers_the_forward(fake, tmp_path):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4) with CUDA graphs off
     (`--disable-cuda-graph`, deprecated but accepted by sglang 0.5.23): the step span holds the
@@ -649,6 +658,7 @@ def test_eager_decode_span_covers_the_forward(fake, tmp_path):
     assert _ops_inside_spans(events, "aten::randint")[1] == 3  # prepare_for_decode's new KV rows
 
 
+@pytest.mark.slow
 def test_stand_in_prefill_span_is_named_like_sglang(fake, tmp_path):
     """The stand-in itself (SGLang cannot be installed here, FACTS.md section 4), its one-batch
     benchmark asked for the prefill stage: build_step_span_name (profile_utils.py:493-495) names an
@@ -666,6 +676,7 @@ def test_stand_in_prefill_span_is_named_like_sglang(fake, tmp_path):
     assert _ops_inside_spans(events, "aten::mm")[0] == 2 * 2  # prefill runs eagerly inside its span
 
 
+@pytest.mark.slow
 def test_flag_the_release_lacks_fails_like_sglang(fake, tmp_path):
     """Stand-in SGLang (it cannot be installed here, FACTS.md section 4): argparse rejects a flag
     the checked-out release does not have, as SGLang does, and the run ends with its message."""
@@ -676,6 +687,7 @@ def test_flag_the_release_lacks_fails_like_sglang(fake, tmp_path):
     assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_refused_before_anything_runs(fake, tmp_path):
     made, model, config = fake
     host = RecordingHost()
@@ -689,6 +701,7 @@ def test_refused_before_anything_runs(fake, tmp_path):
     assert _worktrees(made.path) == [str(made.path)]
 
 
+@pytest.mark.slow
 def test_server_path_every_rank(fake, tmp_path, monkeypatch):
     """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4): TP 2, two
     scheduler processes, each writing its own DECODE trace as SGLang's profiler_manager names it.
@@ -726,6 +739,7 @@ def _staggered(monkeypatch, batch_size: int = 5, gap_steps: int = 2) -> None:
 STAGGERED = dict(tp=2, batch_size=5, output_len=16, profile_steps=3)
 
 
+@pytest.mark.slow
 def test_server_path_staggered_arrivals(fake, tmp_path, monkeypatch):
     """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) modelling
     sglang 0.5.23's scheduler and by-stage profiler (profiler_manager.py:413-439): five requests
@@ -745,6 +759,7 @@ def test_server_path_staggered_arrivals(fake, tmp_path, monkeypatch):
         assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=5]"] * 3
 
 
+@pytest.mark.slow
 def test_server_path_fails_fast_when_the_decode_trace_is_lost(fake, tmp_path, monkeypatch):
     """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) at the older
     commit, whose profiler does not read SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS: the staggered
@@ -766,11 +781,12 @@ def test_server_path_fails_fast_when_the_decode_trace_is_lost(fake, tmp_path, mo
     assert "ignores SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS (not in its srt/environ.py)" in message
     assert "raise profile_steps to at least batch_size (5)" in message
     batch_done = next(t for t, line in seen if line.startswith("Decode.  median latency"))
-    assert failed_at - batch_done < 60  # seconds after the batch (clean-up included), never 600
+    assert failed_at - batch_done < 300  # seconds after the batch (clean-up included), never 600
     assert not _processes_of_run(host.temp_dirs[0])
     assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_server_path_old_checkout_with_the_remedy_it_is_told(fake, tmp_path, monkeypatch):
     """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) at the older
     commit, staggered as above, with the remedy the failure names: profile_steps >= batch_size
@@ -785,6 +801,7 @@ def test_server_path_old_checkout_with_the_remedy_it_is_told(fake, tmp_path, mon
     assert m.extra["decode_min_bs_read"] is False
 
 
+@pytest.mark.slow
 def test_server_path_fails_fast_when_the_batch_never_fills(fake, tmp_path, monkeypatch):
     """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) that runs at
     most three requests at once (--max-running-requests 3) for a batch of five: with
@@ -801,6 +818,7 @@ def test_server_path_fails_fast_when_the_batch_never_fills(fake, tmp_path, monke
     assert "--max-running-requests" in message
 
 
+@pytest.mark.slow
 def test_server_path_at_tp_1_and_cancel_stops_the_server(fake, tmp_path):
     """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4): a cancel
     while the server runs stops the driver and the server's whole process tree."""
@@ -814,19 +832,24 @@ def test_server_path_at_tp_1_and_cancel_stops_the_server(fake, tmp_path):
     assert _worktrees(made.path) == [str(made.path)] and list(tmp_path.iterdir()) == []
 
 
-def _processes_of_run(base: str) -> list[int]:
+def _processes_of_run(base: str, within_s: float = 120.0) -> list[int]:
     """Live processes started for a run: its driver, server and rank processes all carry the
-    run's host directory in their environment (SGLANG_TORCH_PROFILER_DIR) or command line."""
+    run's host directory in their environment (SGLANG_TORCH_PROFILER_DIR) or command line.
+    Looks again every 0.1 s while some are left, for at most within_s (a stopped process may
+    take a moment to exit on a loaded machine)."""
     import os
     import time
 
-    time.sleep(0.5)
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if any(base.encode() in (entry / part).read_bytes() for part in ("environ", "cmdline")):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
+    deadline = time.monotonic() + within_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if any(base.encode() in (entry / part).read_bytes() for part in ("environ", "cmdline")):
+                        found.append(int(entry.name))
+                except OSError:
+                    pass
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)

@@ -4,7 +4,6 @@ decode profiled as SGLang 0.5.23's one-batch benchmark profiles it (step[DECODE 
 around the graph replay). Each is checked against torch's own key_averages() of the same profile."""
 
 import contextlib
-import gzip
 import io
 import json
 
@@ -14,7 +13,7 @@ from ingest.cli import main
 from ingest.traces.analyse import analyse_trace
 from ingest.traces.categories import load_rule_chain
 from ingest.traces.trace_read import read_trace
-from tests.helpers import DATA
+from tests.helpers import DATA, assert_matches_torch, torch_kernel_rows
 
 H200 = DATA / "h200"
 RULES = load_rule_chain()
@@ -22,24 +21,9 @@ GRAPH = H200 / "sglang-graph-decode"
 GRAPH_TRACE = GRAPH / "stepwatch_batch1_input2048_output2_decode.trace.json.gz"
 
 
-def _kernel_rows(key_averages, trace_path):
-    """key_averages rows that are GPU activities of the trace (their names occur as kernels)."""
-    body = json.loads(gzip.decompress(trace_path.read_bytes()))
-    gpu = {e["name"] for e in body["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
-    return {r["name"]: r for r in json.loads(key_averages.read_text()) if r["name"] in gpu}
-
-
-def _assert_matches_torch(kernel_stats, expected):
-    got = kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
-    assert set(got.index) == set(expected)
-    for name, row in got.iterrows():
-        assert row.calls == expected[name]["count"], name
-        assert row.total_us == pytest.approx(expected[name]["self_device_time_total_us"], rel=5e-3), name
-
-
 def test_graph_mode_sglang_step_is_its_gpu_time():
     f = analyse_trace(read_trace(GRAPH_TRACE), RULES)
-    _assert_matches_torch(f.kernel_stats, _kernel_rows(GRAPH / "key_averages.json", GRAPH_TRACE))
+    assert_matches_torch(f.kernel_stats, torch_kernel_rows(GRAPH / "key_averages.json", GRAPH_TRACE))
     assert (f.step_method, f.steps) == ("span", 2)
     # torch's own key_averages gives the span's GPU copy (gpu_user_annotation) its device time:
     # the two steps' GPU time; the host span only launched the replay
@@ -77,7 +61,7 @@ def test_tp2_each_rank_matches_torch(rank):
     trace = H200 / "tp2" / f"stepwatch-tp2-TP-{rank}-DECODE.trace.json.gz"
     f = analyse_trace(read_trace(trace), RULES)
     assert f.rank == rank  # from distributedInfo, not the GPU index
-    _assert_matches_torch(f.kernel_stats, _kernel_rows(H200 / "tp2" / f"key_averages-TP-{rank}.json", trace))
+    assert_matches_torch(f.kernel_stats, torch_kernel_rows(H200 / "tp2" / f"key_averages-TP-{rank}.json", trace))
     assert (f.step_method, f.steps) == ("span", 3)
 
 

@@ -84,6 +84,7 @@ def rank_dir(tmp_path_factory):
     return out, files
 
 
+@pytest.mark.slow
 def test_one_bar_for_all_the_ranks_of_a_directory(rank_dir, tmp_path):
     directory, files = rank_dir
     events = sum(read_trace(f).events_seen for f in files)
@@ -109,6 +110,7 @@ def test_one_bar_for_all_the_ranks_of_a_directory(rank_dir, tmp_path):
     assert piped.stderr == "imported run 1: 15 steps (profiler-step), 52 kernel rows\n"
 
 
+@pytest.mark.slow
 def test_a_split_read_counts_the_helpers_events_too(tmp_path):
     # the 162 MB H200 capture (10.5 MB gzipped): read by two processes, the helper's events counted apart
     trace = CAPTURE / "trace.json.gz"
@@ -123,6 +125,7 @@ def test_a_split_read_counts_the_helpers_events_too(tmp_path):
     assert ranks is None  # one file: no rank count
 
 
+@pytest.mark.slow
 def test_an_import_shorter_than_the_threshold_draws_nothing(tmp_path):
     assert PROGRESS_AFTER_S == 2.0
     code, out, terminal = run_on_terminal("ingest", "import", str(DATA / "h200" / "tp2"), "--db",
@@ -131,6 +134,7 @@ def test_an_import_shorter_than_the_threshold_draws_nothing(tmp_path):
     assert terminal.replace("\r\n", "\n") == "imported run 1: 3 steps (span), 14 kernel rows\n"
 
 
+@pytest.mark.slow
 def test_an_error_after_the_bar_starts_on_its_own_line(rank_dir, tmp_path):
     _, files = rank_dir
     directory = tmp_path / "ranks"

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import TRACES, file_digest, run_cli
 
+pytestmark = pytest.mark.slow  # one CLI process per bad file
+
 GOOD = TRACES / "cpu_small.trace.json"
 
 

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import duckdb
 
+import pytest
+
 from ingest.cli import main
+
+pytestmark = pytest.mark.slow  # git and CLI processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "app" / "sample_data"

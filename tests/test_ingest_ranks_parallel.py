@@ -26,8 +26,7 @@ from ingest.traces.rank_pool import (
     rank_workers,
     reader_bytes,
 )
-from tests.helpers import DATA, run_cli
-from tests.test_h200_captures import _assert_matches_torch, _kernel_rows
+from tests.helpers import DATA, assert_matches_torch, run_cli, torch_kernel_rows
 
 RULES = load_rule_chain()
 CAPTURE = DATA / "bundles" / "tiny-fused-eager-stack" / "trace.json.gz"
@@ -54,8 +53,8 @@ def test_the_real_tp2_captures_read_at_once_equal_rank_after_rank_and_torch(capt
     assert_same_figures(at_once, in_turn)
     assert [f.rank for f in at_once] == [0, 1] and all(f.steps == 3 for f in at_once)
     for f, path in zip(at_once, files):
-        _assert_matches_torch(f.kernel_stats, _kernel_rows(DATA / "h200" / capture / f"key_averages-TP-{f.rank}.json",
-                                                           path))
+        expected = torch_kernel_rows(DATA / "h200" / capture / f"key_averages-TP-{f.rank}.json", path)
+        assert_matches_torch(f.kernel_stats, expected)
     # 2.5 MB of JSON: under the threshold, a plain import reads it rank after rank
     assert sum(json_sizes(files)) < PARALLEL_MIN_JSON_BYTES and rank_workers(json_sizes(files)) == 1
 
@@ -68,6 +67,7 @@ def rank_dir(tmp_path_factory):
     return out, files, expected
 
 
+@pytest.mark.slow
 def test_a_generated_directory_is_read_at_once_with_the_expected_figures(rank_dir):
     directory, files, expected = rank_dir
     sizes = json_sizes(files)
@@ -93,6 +93,7 @@ def _report(db, rank) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_the_command_gives_the_same_run_reading_ranks_at_once_or_in_one_process(rank_dir, tmp_path):
     directory, files, expected = rank_dir
     at_once = run_cli("ingest", "import", str(directory), "--db", str(tmp_path / "a.duckdb"))
@@ -113,6 +114,7 @@ def _break(path, how: str) -> None:
     path.write_bytes(data[: len(data) * 2 // 3] if how == "truncate" else b"")
 
 
+@pytest.mark.slow
 def test_a_bad_rank_file_is_named_and_the_first_bad_file_wins(rank_dir, tmp_path):
     _, files, _ = rank_dir
     directory = tmp_path / "ranks"
@@ -148,7 +150,7 @@ def test_readers_in_flight_never_exceed_the_workers_and_results_keep_their_order
     ctx = multiprocessing.get_context("fork")
     in_flight = ctx.Value("i", 0)
     most = ctx.Value("i", 0)
-    pair = ctx.Barrier(2, timeout=60)  # two readers must run at once to pass it: a pool of one would break it
+    pair = ctx.Barrier(2, timeout=300)  # two readers must run at once to pass it: a pool of one would break it
 
     def work(index: int) -> tuple[int, int]:
         with in_flight.get_lock():

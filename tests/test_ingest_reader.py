@@ -93,6 +93,7 @@ def test_piece_size_does_not_change_the_columns():
         assert_same(whole, pieces)
 
 
+@pytest.mark.slow
 def test_two_processes_read_the_same_columns_as_one():
     for path in SMALL:
         one = read_trace(path, split=False)
@@ -157,6 +158,7 @@ def test_no_helper_process_is_left_behind(tmp_path):
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 def test_only_a_large_trace_is_split_by_default(tmp_path, monkeypatch):
     small = write_trace(tmp_path / "small.json.gz", synthetic_trace(10))
     large = write_trace(tmp_path / "large.json.gz", synthetic_trace(2000))  # 18 MB of JSON, 1 MB gzipped
@@ -176,6 +178,7 @@ def big_h200_trace():
     return read_trace(BIG / "trace.json.gz")
 
 
+@pytest.mark.slow
 def test_the_162_mb_h200_capture_read_by_two_processes_matches_key_averages(big_h200_trace):
     trace = big_h200_trace
     assert trace.processes == DEFAULT_PROCESSES and trace.events_seen == 465_930

@@ -145,6 +145,7 @@ prof.export_chrome_trace(OUT)
 """
 
 
+@pytest.mark.slow
 def test_python_source_of_a_script_without_py_suffix(tmp_path):
     # a real torch trace of a script run as `python bench`: torch names its frames `bench(N): layer`
     script = tmp_path / "bench"

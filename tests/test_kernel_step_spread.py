@@ -56,7 +56,7 @@ def test_the_spread_is_stored_and_read_back(tmp_path):
     record = prepare_import(bundle, load_rule_chain(), ImportOptions())
     with open_db(tmp_path / "s.duckdb") as store:
         run_id, _ = store.insert_run(record)
-        rows = store.get_kernel_stats(run_id)
+        rows = store.list_kernels(run_id)
     cast = rows[rows["category"] == "cast"].iloc[0]
     want = record.kernel_stats.set_index(["name", "launcher", "source"]).loc[
         (cast["name"], cast["launcher"], cast["source"]), "ms_per_step_sd"]

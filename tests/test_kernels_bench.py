@@ -30,6 +30,7 @@ def bundle(tmp_path_factory):
     return out, done
 
 
+@pytest.mark.slow
 def test_last_stdout_line_is_the_bundle(bundle):
     out, done = bundle
     assert done.stdout.strip().splitlines()[-1] == str(out)
@@ -38,6 +39,7 @@ def test_last_stdout_line_is_the_bundle(bundle):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
 
 
+@pytest.mark.slow
 def test_manifest_round_trip(bundle):
     m = read_bundle(bundle[0])
     assert (m.engine, m.variant, m.layers, m.profiled_steps) == ("reference", "fused", 4, 2)
@@ -51,6 +53,7 @@ def test_manifest_round_trip(bundle):
     assert t.tok_per_s == pytest.approx(1000.0 / t.median_ms)
 
 
+@pytest.mark.slow
 def test_trace_has_one_profiler_step_per_decode_step(bundle):
     trace = json.loads(gzip.decompress((bundle[0] / "trace.json.gz").read_bytes()))
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
@@ -61,6 +64,7 @@ def test_trace_has_one_profiler_step_per_decode_step(bundle):
     assert any("Input Dims" in e.get("args", {}) for e in trace["traceEvents"])  # record_shapes
 
 
+@pytest.mark.slow
 def test_key_averages_are_rows_with_times(bundle):
     rows = json.loads((bundle[0] / "key_averages.json").read_text())
     by_name = {r["name"]: r for r in rows}
@@ -80,6 +84,7 @@ def test_key_averages_are_rows_with_times(bundle):
         (["--preset", "tiny", "--kv", "fused", "--cuda-graph"], "--cuda-graph"),
     ],
 )
+@pytest.mark.slow
 def test_bad_flags_exit_with_one_line_and_write_nothing(tmp_path, args, message):
     out = tmp_path / "b"
     done = run_bench(*args, "--device", "cpu", "--out", str(out))
@@ -88,6 +93,7 @@ def test_bad_flags_exit_with_one_line_and_write_nothing(tmp_path, args, message)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_existing_non_empty_out_is_refused(tmp_path):
     (tmp_path / "keep.txt").write_text("x")
     done = run_bench("--preset", "tiny", "--kv", "fused", "--device", "cpu", "--out", str(tmp_path))
@@ -96,6 +102,7 @@ def test_existing_non_empty_out_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA error")
+@pytest.mark.slow
 def test_device_cuda_without_cuda_is_one_line(tmp_path):
     done = run_bench("--preset", "tiny", "--kv", "fused", "--device", "cuda", "--out", str(tmp_path / "b"))
     assert done.returncode == 2

@@ -361,6 +361,7 @@ def run_interpreted(tmp_path: Path, source: str) -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_live_kernels_under_triton_interpreter_match_the_fallbacks(tmp_path):
     """The bounded-grid kernels (4 programs looping over many blocks) under TRITON_INTERPRET=1:
     compact and overflow modes, count 0 and full, page sizes 1, 4 and 64, every output tensor
@@ -368,6 +369,7 @@ def test_live_kernels_under_triton_interpreter_match_the_fallbacks(tmp_path):
     run_interpreted(tmp_path, _INTERPRETED)
 
 
+@pytest.mark.slow
 def test_live_gather_int32_and_int64_offsets_under_triton_interpreter(tmp_path):
     """_gather_live_kernel with OFFSETS_32 forced on and off: rows compact (int32 and int64 row
     ids, index rewritten) and overflow, pages of 1 and 64 rows, each bit-exact against the

@@ -2,7 +2,8 @@
 
 The sources come from the sglang 0.5.23 wheel (it ships its Python files): it is downloaded
 once with pip into ~/.cache/stepwatch/ (or $STEPWATCH_CACHE), or taken from
-$STEPWATCH_SGLANG_WHEEL. Without a network the download tests skip; any other failure fails.
+$STEPWATCH_SGLANG_WHEEL, by the session fixture `sglang_wheel` (tests/conftest.py,
+tests/sglang_wheel.py). Without a network the download tests skip; any other failure fails.
 """
 
 from __future__ import annotations
@@ -12,20 +13,19 @@ import os
 import py_compile
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-import urllib.parse
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.sglang_wheel import SGLANG_VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 PATCH = ROOT / "kernels" / "patches" / "sglang-0.5.23-mla-gather-then-cast.patch"
 KV_CAST = ROOT / "kernels" / "kv_cast.py"
-SGLANG_VERSION = "0.5.23"
 NEW_MODULE = "python/sglang/srt/layers/attention/mla_kv_cast.py"
 FLASHINFER_MLA = "python/sglang/srt/layers/attention/flashinfer_mla_backend.py"
 FLASHATTENTION = "python/sglang/srt/layers/attention/flashattention_backend.py"
@@ -36,78 +36,6 @@ SHARED_FUNCTIONS = ("_count_sms", "_live_programs", "_piece", "_row_tiles", "_fp
                     "_gather_live_kernel", "_copy_live_kernel", "_index_pages_kernel",
                     "_fits_int32", "_launch_gather_live", "_launch_copy_live", "_launch_index_pages")
 SHARED_CONSTANTS = ("LIVE_CONFIG", "PAGE_INDEX_CONFIG")
-
-# pip's messages when no index can be reached (DNS, refused or reset connections, proxies).
-_OFFLINE = re.compile(
-    r"Network is unreachable|Temporary failure in name resolution|Name or service not known"
-    r"|Failed to establish a new connection|Connection refused|Connection reset|ConnectTimeout"
-    r"|ReadTimeout|timed out|NewConnectionError|ProxyError|No route to host"
-    r"|nodename nor servname|getaddrinfo failed",
-    re.IGNORECASE,
-)
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("STEPWATCH_CACHE", Path.home() / ".cache" / "stepwatch"))
-
-
-def _find_wheel(folder: Path) -> Path | None:
-    wheels = sorted(folder.glob(f"sglang-{SGLANG_VERSION}-*.whl")) if folder.is_dir() else []
-    return wheels[0] if wheels else None
-
-
-def _index_url() -> str:
-    url = os.environ.get("PIP_INDEX_URL")
-    if not url:
-        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                                capture_output=True, text=True).stdout
-        match = re.search(r"index-url='([^']+)'", listed)
-        url = match.group(1) if match else "https://pypi.org/simple"
-    return url
-
-
-def _index_reachable() -> bool:
-    """Whether a TCP connection to pip's index opens (pip may report an unreachable index
-    only as 'No matching distribution found')."""
-    url = urllib.parse.urlsplit(_index_url())
-    if url.scheme == "file" or not url.hostname:
-        return True
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=10).close()
-        return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def sglang_wheel() -> Path:
-    explicit = os.environ.get("STEPWATCH_SGLANG_WHEEL")
-    if explicit:
-        return Path(explicit)
-    cache = _cache_dir()
-    wheel = _find_wheel(cache)
-    if wheel is not None:
-        return wheel
-    cache.mkdir(parents=True, exist_ok=True)
-    # The one wheel published for 0.5.23 (CPython 3.11, manylinux x86_64), whatever runs the test.
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
-           "--implementation", "cp", "--abi", "cp311", "-d", str(cache), f"sglang=={SGLANG_VERSION}"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"pip download sglang=={SGLANG_VERSION} timed out: network too slow or unreachable")
-    output = proc.stdout + proc.stderr
-    wheel = _find_wheel(cache)
-    if proc.returncode == 0 and wheel is not None:
-        return wheel
-    offline = _OFFLINE.search(output)
-    if offline or not _index_reachable():
-        reason = offline.group(0) if offline else f"cannot connect to {_index_url()}"
-        pytest.skip(f"cannot download sglang=={SGLANG_VERSION}: network unreachable ({reason})")
-    pytest.fail(f"pip download sglang=={SGLANG_VERSION} failed (exit {proc.returncode}):\n"
-                f"{output[-3000:]}")
 
 
 def _patched_paths(patch_text: str) -> tuple[list[str], list[str]]:
@@ -321,6 +249,7 @@ print("ok")
 '''
 
 
+@pytest.mark.slow
 def test_patch_kernels_against_torch(tmp_path: Path):
     """The new module's kernels, run as Triton (on CUDA if present, else Triton's CPU interpreter)."""
     import torch

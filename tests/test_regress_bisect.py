@@ -3,15 +3,18 @@ fifth switches the fused KV path back to casting the whole pool (the seeds' regr
 the first and last commits are queued; the worker's change tracking finds the regression
 between them and bisects to the planted commit. Real processes, git, DuckDB; tiny preset, CPU."""
 
-import json
 import os
 import re
 import shutil
 import subprocess
 
-from db.series import list_changes
+import pytest
+
 from db.store import open_db
+from db.views import list_changes
 from tests.helpers import ROOT, run_cli
+
+pytestmark = pytest.mark.slow  # a worker bisecting with real runs
 
 FUSED = "return gather_cast_fp8_to_bf16(pool, s.rows, s.n_active, out=self._kv_rows)"
 WHOLE_POOL = "return pool.view(FP8).to(BF16)[s.rows]  # back to casting the whole pool"
@@ -76,7 +79,7 @@ def test_worker_bisects_to_the_planted_commit(tmp_path):
     step = changes[changes["metric"] == "step_ms"].iloc[0]
     assert step["direction"] == "regression" and step["rel_change"] > 1.0
     assert step["first_bad_sha"] == shas[4]
-    diagnosis = " ".join(f["text"] for f in json.loads(step["diagnosis"]))
+    diagnosis = " ".join(f["text"] for f in step["diagnosis"])
     assert "cast" in diagnosis
     # the CI gate over the same history: Markdown, and exit 1 on the confirmed regression
     check = run_cli("ingest", "check", "--repo", "planted", "--repo-path", str(repo), "--range", f"{shas[0]}..{shas[-1]}",

@@ -170,6 +170,7 @@ def test_samples_are_numbers():
         detect_changes([Point("a", 1.0), (2.0,)], higher_is_better=True)
 
 
+@pytest.mark.slow
 def test_false_positive_rate_on_500_flat_series_is_below_one_percent():
     # lengths 5-60, sample noise 1-5 %, 3-20 samples per point
     result = measure_false_positive_rate(n_series=500, seed=0)
@@ -177,16 +178,19 @@ def test_false_positive_rate_on_500_flat_series_is_below_one_percent():
     assert result.flagged_rate < 0.01
 
 
+@pytest.mark.slow
 def test_false_positive_rate_with_run_to_run_noise_is_below_one_percent():
     result = measure_false_positive_rate(n_series=500, seed=1, noise_levels=(0.002,), run_noise=0.02)
     assert result.flagged_rate < 0.01
 
 
+@pytest.mark.slow
 def test_detection_rate_of_clear_steps():
     assert measure_detection_rate(0.20, n_series=200, seed=2, noise_levels=(0.01,)).exact_rate > 0.95
     assert measure_detection_rate(0.10, n_series=200, seed=2, noise_levels=(0.01,), lengths=(20, 40)).exact_rate > 0.95
 
 
+@pytest.mark.slow
 def test_study_prints_its_tables():
     text = run_study(n_series=5)
     assert "| points | samples per point | sample noise | run-to-run noise | series | flagged | rate |" in text

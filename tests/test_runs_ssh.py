@@ -1,29 +1,19 @@
 """The reference engine on a remote host: the same spec run through a real sshd on 127.0.0.1
 (started by scripts/start_sshd.sh) stages kernels/ there, runs it, and brings the bundle back
-for this process to import. An unreachable host is refused before anything is queued."""
+for this process to import. An unreachable host is refused before anything is queued. The sshd
+is the session fixture `sshd` (tests/conftest.py)."""
 
-import sys
+import pytest
 
 from db.store import open_db
-from tests.helpers import run_cli
-from tests.test_hosts import sshd  # noqa: F401  (the session fixture: a real sshd on 127.0.0.1)
+from tests.helpers import run_cli, write_ssh_config
+
+pytestmark = pytest.mark.slow  # the reference engine through a real sshd
 
 
-def _config(tmp_path, sshd, port=None) -> str:  # noqa: F811
-    workdir = tmp_path / "remote"
-    workdir.mkdir()
-    path = tmp_path / "stepwatch.toml"
-    path.write_text(
-        f'[hosts.loop]\nssh = "{sshd["STEPWATCH_TEST_SSH_USER"]}@127.0.0.1"\n'
-        f'port = {port or sshd["STEPWATCH_TEST_SSH_PORT"]}\nidentity_file = "{sshd["STEPWATCH_TEST_SSH_KEY"]}"\n'
-        f'python = "{sys.executable}"\nworkdir = "{workdir}"\n'
-        f'ssh_options = ["UserKnownHostsFile={sshd["STEPWATCH_TEST_SSH_KNOWN_HOSTS"]}"]\n')
-    return str(path)
-
-
-def test_reference_run_over_ssh_lands_in_the_local_database(tmp_path, sshd):  # noqa: F811
+def test_reference_run_over_ssh_lands_in_the_local_database(tmp_path, sshd):
     db = tmp_path / "s.duckdb"
-    config = _config(tmp_path, sshd)
+    config = write_ssh_config(tmp_path, sshd)
     result = run_cli("ingest", "run", "--engine", "reference", "--preset", "tiny", "--kv", "gather-then-cast",
                      "--device", "cpu", "--profile-steps", "2", "--host", "loop", "--config", config,
                      "--db", str(db))
@@ -37,9 +27,9 @@ def test_reference_run_over_ssh_lands_in_the_local_database(tmp_path, sshd):  # 
     assert list((tmp_path / "remote").iterdir()) == []  # the remote scratch space was cleaned up
 
 
-def test_an_unreachable_host_is_refused_before_queueing(tmp_path, sshd):  # noqa: F811
+def test_an_unreachable_host_is_refused_before_queueing(tmp_path, sshd):
     db = tmp_path / "s.duckdb"
-    config = _config(tmp_path, sshd, port=1)  # nothing listens on port 1
+    config = write_ssh_config(tmp_path, sshd, port=1)  # nothing listens on port 1
     result = run_cli("ingest", "run", "--engine", "reference", "--preset", "tiny", "--device", "cpu",
                      "--host", "loop", "--config", config, "--db", str(db))
     assert result.returncode == 2

@@ -1,8 +1,8 @@
 """Every flag the sglang engine can pass exists in a real SGLang release's argparse definitions.
 
 The sources come from the sglang 0.5.23 wheel, fetched once into ~/.cache/stepwatch/ (or
-$STEPWATCH_CACHE, or taken from $STEPWATCH_SGLANG_WHEEL) by the `sglang_wheel` fixture of
-tests/test_patch_sglang.py: it skips only when the package index cannot be reached and fails on
+$STEPWATCH_CACHE, or taken from $STEPWATCH_SGLANG_WHEEL) by the session fixture `sglang_wheel`
+(tests/conftest.py): it skips only when the package index cannot be reached and fails on
 any other download problem. The flags are read with `ast`, never by importing SGLang (it cannot be
 installed here, FACTS.md section 4):
 
@@ -39,8 +39,6 @@ from ingest.runs.engines.sglang import (
 from ingest.runs.engines.sglang_choices import FLAG_CHOICES
 from ingest.runs.errors import SpecError
 from ingest.runs.spec import Workload, parse_workload
-
-from test_patch_sglang import sglang_wheel  # noqa: F401  (the fixture: one download, one cache)
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 FIELDS_DIR = "sglang/srt/arg_groups/fields/"
@@ -141,7 +139,7 @@ def collect_field_choices(source: str, named: dict[str, list]) -> dict[str, list
 
 
 @pytest.fixture(scope="module")
-def release(sglang_wheel: Path) -> dict[str, str]:  # noqa: F811
+def release(sglang_wheel: Path) -> dict[str, str]:
     """The wheel's Python sources that define command-line flags, by path."""
     with zipfile.ZipFile(sglang_wheel) as whl:
         names = set(whl.namelist())

@@ -1,11 +1,13 @@
-"""db/views.py on the fixture database (tests/test_app_fixtures.py): real H200 bundles, so the
+"""db/views.py on the fixture database (tests/dashboard_fixture.py): real H200 bundles, so the
 numbers below are what the traces and manifests say, to the digits they carry."""
 
 import pytest
 
 from db import views
+from db.series import stored_series
 from db.store import open_db
-from tests.test_app_fixtures import find_run_id
+from ingest.runs.track import list_tracked_series
+from tests.dashboard_fixture import find_run_id
 
 GLM5_GRAPH = "b0e35bdd9a"  # md5 prefix of the glm5 / batch 1 / context 2048 / CUDA graph workload key
 SHAS = ["b9bba772b7f5530d251a50d52003c0b5bcbad300", "3bee539b905abefebebbe41c4dfb4946cf960b47",
@@ -74,7 +76,7 @@ def test_runs_without_a_commit(store):
 
 
 def test_run_overview(store, cast_run):
-    run = views.get_run_overview(store, cast_run)
+    run = store.get_run(cast_run)
     assert run["tok_per_s"] == pytest.approx(13.49, abs=0.005)
     assert run["copy_share"] == pytest.approx(0.905789504, rel=1e-8)
     # a profiled step's time is its GPU time, first kernel start to last kernel end (75.47 ms; the
@@ -85,11 +87,33 @@ def test_run_overview(store, cast_run):
     assert (run["sha"], run["variant"], run["workload_id"], run["kernel_rows"]) == (SHAS[1], "full-pool-cast",
                                                                                      GLM5_GRAPH, 16)
     assert run["trace_files"] == ["trace.json.gz"] and run["workload"]["preset"] == "glm5"
-    assert views.get_run_overview(store, 999_999) is None
+    assert store.get_run(999_999) is None
+
+
+def test_runs_are_read_alone_or_many_at_once_the_same(store, cast_run, fused_run, dashboard_db):
+    runs = store.list_runs([fused_run, cast_run, 999_999])
+    assert runs == {cast_run: store.get_run(cast_run), fused_run: store.get_run(fused_run)}
+    assert store.list_ranks(cast_run) == [0] and store.get_run(None) is None
+    plain = store.get_run(find_run_id(dashboard_db, "cpu_small.trace.json"))
+    assert (plain["repo"], plain["engine"], plain["variant"], plain["sha"]) == ("", "", "", None)
+
+
+def test_series_of_one_repository_and_the_variants_change_tracking_follows(store):
+    every = views.list_series(store)
+    repos = sorted(set(every["repo"]))
+    assert repos == ["kv-regression-demo", "stepwatch"]
+    assert sum(len(views.list_series(store, r)) for r in repos) == len(every)
+    assert views.list_series(store, "no-such-repo").empty
+    tracked = list_tracked_series(store)
+    assert len(tracked) == sum(len(v) for v in every["variants"])  # one per variant of each series
+    assert [stored_series(s) for s in tracked] == sorted(
+        (stored_series(s) for s in tracked), key=lambda s: [(v is None, v or "") for v in s.values()])
+    top = [s for s in tracked if s["workload_id"] == GLM5_GRAPH and s["repo"] == "stepwatch"]
+    assert [s["variant"] for s in top] == ["full-pool-cast", "fused", "gather-then-cast"]
 
 
 def test_kernel_table_puts_the_cast_first_at_78_calls_a_step(store, cast_run):
-    kernels = views.get_kernel_table(store, cast_run)
+    kernels = store.list_kernels(cast_run)
     assert len(kernels) == 16
     cast = kernels.iloc[0]
     assert cast["name"].startswith("void at::native::unrolled_elementwise_kernel")
@@ -109,7 +133,7 @@ def test_step_breakdown_adds_up_to_each_steps_wall_time(store, cast_run):
 
 
 def test_cpu_only_trace_has_cpu_ops_for_kernels_and_no_gpu_busy(store, dashboard_db):
-    run = views.get_run_overview(store, find_run_id(dashboard_db, "cpu_small.trace.json"))
+    run = store.get_run(find_run_id(dashboard_db, "cpu_small.trace.json"))
     assert run["kernels_from_cpu_ops"] and run["gpu_busy_share"] is None and run["tok_per_s"] is None
     assert run["trace_files"] is None and run["sha"] is None
 
@@ -148,7 +172,9 @@ def test_variant_matrix_shows_every_variant_at_both_commits(store, dashboard_db)
 
 def test_trend_of_a_run_and_the_run_a_commit_shows(store, dashboard_db):
     fused_after = find_run_id(dashboard_db, "3bee539-glm5-fused-graph")
-    assert views.find_series_of_run(store, fused_after) == ("stepwatch", "reference", "NVIDIA H200", GLM5_GRAPH)
+    assert views.get_series_of_run(store, fused_after) == {
+        "repo": "stepwatch", "engine": "reference", "device": "NVIDIA H200", "workload_id": GLM5_GRAPH,
+        "workload_key": views.list_series(store).iloc[0].workload_key, "variant": "fused"}
     trend = views.get_trend_of_run(store, fused_after)
     assert len(trend) == 9 and views.pick_run_at(trend, SHAS[1], "fused") == fused_after
     assert views.pick_run_at(trend, SHAS[1], "no-such-variant") is None
@@ -216,8 +242,8 @@ def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):
 
 
 def test_a_runs_diagnosis_is_part_of_its_overview(store, dashboard_db):
-    run = views.get_run_overview(store, find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager"))
+    run = store.get_run(find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager"))
     assert [f["kind"] for f in run["diagnosis"]][:3] == ["summary", "per_layer", "bandwidth"]
     assert run["diagnosis"][1]["numbers"] == {"calls_per_step": 78.0, "layers": 78, "times_per_layer": 1}
-    assert isinstance(views.get_run_overview(store, find_run_id(dashboard_db, "cpu_small.trace.json"))["diagnosis"],
+    assert isinstance(store.get_run(find_run_id(dashboard_db, "cpu_small.trace.json"))["diagnosis"],
                       list)

@@ -152,6 +152,7 @@ def test_reference_agrees_with_key_averages(case):
 
 @pytest.mark.parametrize("rank_flag", [False, True], ids=["no-rank-flag", "rank-flag"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_kernels_match_the_reference(report_of, case, rank_flag):
     ref = _reference(case.trace_file)
     assert ref.rank == case.rank
@@ -173,6 +174,7 @@ def test_kernels_match_the_reference(report_of, case, rank_flag):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.slow
 def test_steps(report_of, case):
     run = report_of(case, True)["run"]
     assert run["steps"] >= 1

@@ -26,9 +26,9 @@ from db.store import StoreError, open_db
 from ingest.runs.survival import kept_bundle_path, work_root
 from ingest.traces.categories import load_rule_chain
 from ingest.traces.importer import ImportOptions, prepare_import
-from tests.helpers import DATA, ROOT, run_cli, wait_for
-from tests.test_hosts import sshd  # noqa: F401  (the session fixture: a real sshd on 127.0.0.1)
-from tests.test_runs_ssh import _config as ssh_config
+from tests.helpers import DATA, ROOT, run_cli, wait_for, write_ssh_config
+
+pytestmark = pytest.mark.slow  # real workers killed, stopped and paused mid-job
 
 TINY = ["--engine", "reference", "--preset", "tiny", "--kv", "full-pool-cast", "--device", "cpu",
         "--profile-steps", "2"]
@@ -333,9 +333,9 @@ def test_a_worker_given_up_for_dead_writes_nothing_when_it_wakes(tmp_path):
     assert not (work_root(str(db)) / f"job-{job_id}.1").exists()
 
 
-def test_a_killed_workers_scratch_on_an_ssh_host_is_removed(tmp_path, sshd, frozen):  # noqa: F811
+def test_a_killed_workers_scratch_on_an_ssh_host_is_removed(tmp_path, sshd, frozen):
     db = tmp_path / "s.duckdb"
-    config = ssh_config(tmp_path, sshd)  # the host "loop": this machine through a real sshd
+    config = write_ssh_config(tmp_path, sshd)  # the host "loop": this machine through a real sshd
     remote = tmp_path / "remote"
     job_id = _queue(db, "--host", "loop", "--config", config)
     worker = Worker(db, "--config", config)

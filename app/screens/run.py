@@ -77,7 +77,8 @@ st.subheader("Kernels")
 needle = st.text_input("Filter kernels", placeholder="name, category, launcher op or source line")
 shown = filter_rows(kernels, needle, ["name", "category", "launcher", "source"])
 st.caption(f"{len(shown)} of {len(kernels)} kernels, the most time first; click a column to sort.")
-st.dataframe(as_percent(shown), hide_index=True, column_config=kernel_columns())
+columns = kernel_columns()
+st.dataframe(as_percent(shown), hide_index=True, column_config=columns, column_order=list(columns))
 
 if job is not None:
     with st.expander(format_markdown("Log of job {} ({}): {}", job["job_id"], job["status"], job["label"])):

@@ -1,4 +1,5 @@
-"""Run a benchmark: a form that queues run specs as jobs, and the queue's live state."""
+"""Run a benchmark: a form that queues run specs as jobs (a range as one job that a worker expands),
+and the queue's live state, where a job that failed (a bad ref, a dead host) shows within seconds."""
 
 import os
 
@@ -6,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, spec_inputs
-from app.job_form import plan_jobs
+from app.job_form import describe_range_job, plan_jobs
 from app.markdown_text import format_markdown
 from app.tables import as_percent, link_runs, run_columns
 from db import views
@@ -43,17 +44,16 @@ if submitted:
     except RunError as e:
         st.error(format_markdown("Not queued: {}", e))
     else:
-        def enqueue(store):
-            for c in plan.commits:
-                store.record_commit(plan.repo, c.sha, c.committed_at, c.author, c.subject, c.seq)
-            return [store.enqueue_job(s.to_json(), s.describe(), plan.batch) for s in plan.specs]
-
-        ids, problem = data.write(enqueue)
+        ids, problem = data.write(lambda store: [store.enqueue_job(spec_json, label, plan.batch)
+                                                 for spec_json, label in plan.jobs])
         if problem:
             st.warning(format_markdown("Not queued: {}", problem))
+        elif plan.expand is not None:
+            st.success(format_markdown("Queued job {}: {}; {} (below).", ids[0], plan.jobs[0][1],
+                                       describe_range_job(plan)))
         else:
             st.success(format_markdown("Queued {} job{} ({}): {}{}", len(ids), "s" if len(ids) > 1 else "",
-                                       ", ".join(map(str, ids)), plan.specs[0].describe(),
+                                       ", ".join(map(str, ids)), plan.jobs[0][1],
                                        f" and {len(ids) - 1} more" if len(ids) > 1 else ""))
 
 

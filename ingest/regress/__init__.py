@@ -6,8 +6,15 @@
 - `ingest.regress.explain`: which kernels' change explains a step-time change between two runs.
 - `ingest.regress.diagnose`: short sentences with their numbers about a run, a change, or a
   patched/unpatched pair.
+- `ingest.regress.uncertainty`: two samples' verdict (changed / within noise / not enough data)
+  with its interval, the run-to-run spread counted.
+- `ingest.regress.report`: a commit range's changes as Markdown (`python -m ingest check`).
 
-Import from the modules themselves; this package only holds their exception.
+Following a run's series and bisecting (they read and write the database) live with the runs:
+ingest.runs.track, ingest.runs.bisect. The detector's study is ingest.studies.detect_study.
+
+May import: ingest.errors only (and numpy, scipy, pandas, ruptures). app/ and every part of ingest
+may import it. Import from the modules themselves; this package only holds their exception.
 """
 
 from ingest.errors import IngestError

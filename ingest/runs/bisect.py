@@ -13,8 +13,9 @@ from typing import Callable
 
 import numpy as np
 
-from db.series import list_changes
+from db.series import stored_series
 from db.store import open_db
+from db.views import list_changes
 
 from .connect import make_host
 from .git import list_after
@@ -23,8 +24,8 @@ from .track import is_bisectable
 
 
 def series_tag(change: dict) -> str:
-    key = json.dumps([change["repo"], change["engine"], change["workload_key"], change["device_name"],
-                      change["variant"]], sort_keys=True)
+    """The batch of a series' bisect jobs: a hash of its stored names (a list_changes row)."""
+    key = json.dumps(list(stored_series(change).values()), sort_keys=True)
     return "bisect " + hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
@@ -68,7 +69,7 @@ def plan_bisects(db_path: str, config: Config, echo: Callable[[str], None] = lam
 def _read_windows(store, echo: Callable[[str], None]) -> list[tuple[str, dict, str]]:
     """(series tag, change, spec of its first bad run) for each change window still to bisect,
     structural changes (deterministic) first, then the noisier speed metrics."""
-    changes = list_changes(store)
+    changes = list_changes(store, limit=200)
     changes = changes.loc[np.array([is_bisectable(m) for m in changes["metric"]], dtype=bool)]
     changes = changes.assign(order=[0 if m.startswith("kernel:calls") else 1 for m in changes["metric"]])
     windows, seen = [], set()

@@ -1,4 +1,5 @@
-"""Where a repository's checkout is, for the commands and the form that look refs up in it."""
+"""Where a repository's checkout is, for the commands and the worker (a range job's repo) that look
+refs up in it. It looks at this machine's files: the dashboard's form leaves that to the worker."""
 
 from __future__ import annotations
 

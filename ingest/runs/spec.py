@@ -113,11 +113,35 @@ class RunSpec:
 
     def describe(self) -> str:
         what = self.workload.preset or self.workload.model_path or self.path or "?"
-        variant = self.workload.kv if self.engine == "reference" else self.variant
-        if self.engine == "reference" and self.workload.cuda_graph:
-            variant += "+graph"
         where = f" {self.repo or ''}@{self.ref}" if self.ref else (f" {self.repo}" if self.repo else "")
-        return f"{self.engine} {what} {variant}{where} on {self.host}/{self.device}"
+        return f"{self.engine} {what} {self.describe_variant()}{where} on {self.host}/{self.device}"
+
+    def describe_variant(self) -> str:
+        """The KV strategy (reference engine; "+graph" under CUDA graphs) or the patch set."""
+        if self.engine != "reference":
+            return self.variant
+        return self.workload.kv + ("+graph" if self.workload.cuda_graph else "")
+
+
+@dataclass(frozen=True)
+class RangeSpec:
+    """A job that stands for run jobs a worker queues once it has found their commits, so that
+    whoever queues it (the dashboard's form) needs no git, host or checkout. `runs` are run spec
+    bodies, one a variant x execution mode, without repo, repo_path or ref. The worker
+    (ingest/runs/expand.py) finds the checkout `repo` names on `host`, lists `commits` in it (A..B:
+    B's first-parent history after A, every `every`-th commit and always B; a single ref, or ""
+    for HEAD, is kept as it is), and queues one job a commit x run, commits outer, in batch
+    `batch`. Stored in the job queue as {"expand": {...}}."""
+
+    commits: str  # A..B, one ref, or "" (HEAD)
+    repo: str  # a config [repos] name, "" or "stepwatch" (this checkout), or a checkout's path on this machine
+    runs: tuple[dict, ...]
+    host: str = "local"
+    every: int = 1
+    batch: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"expand": asdict(self)}, sort_keys=True)
 
 
 def _need(cond: bool, where: str, message: str) -> None:
@@ -249,6 +273,69 @@ def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> 
     return RunSpec(engine=engine, workload=parse_workload(body.get("workload"), engine, f"{where}.workload"),
                    host=host, device=device, repo=repo, repo_path=repo_path, ref=ref, variant=variant, path=path,
                    timeout_s=float(timeout))
+
+
+def place_at_commit(body: dict, repo: str | None, ref: str | None, repo_path: str | None = None) -> dict:
+    """A run spec body with its repo, the repo's checkout path and its ref set (each only when given)."""
+    placed = dict(body)
+    for key, value in (("repo", repo), ("repo_path", repo_path), ("ref", ref)):
+        if value:
+            placed[key] = value
+    return placed
+
+
+_RANGE_FIELDS = ("commits", "repo", "runs", "host", "every", "batch")
+_REPO_GIVEN = re.compile(r"^[A-Za-z0-9._/+@~][A-Za-z0-9._/+@~-]*$")  # a name or a plain path
+
+
+def check_commits(commits: str, where: str = "ref") -> str:
+    """A range A..B (each end a ref), one ref, or "" (HEAD); checked as refs are, by spelling only."""
+    _need(isinstance(commits, str), where, "must be a string")
+    if ".." in commits:
+        start, _, end = commits.partition("..")
+        check_ref(start, where)
+        check_ref(end, where)
+    elif commits:
+        check_ref(commits, where)
+    return commits
+
+
+def parse_range_spec(body: Any, config: Config | None = None, where: str = "spec.expand") -> RangeSpec:
+    """Check a RangeSpec given as a dict; raise SpecError naming the first bad field. A run body is
+    checked as a whole spec (parse_spec) where its repo and commit are known: by the worker, as it
+    expands the range (and by the form, at the range's last ref, before queueing it)."""
+    config = config or Config()
+    _need(isinstance(body, dict), where, "must be a table/object")
+    unknown = set(body) - set(_RANGE_FIELDS)
+    _need(not unknown, where, f"unknown field(s) {', '.join(sorted(unknown))}")
+    check_commits(body.get("commits", ""), f"{where}.commits")
+    repo = body.get("repo", "")
+    _need(isinstance(repo, str) and (repo == "" or (_REPO_GIVEN.fullmatch(repo) is not None and len(repo) <= 4096)),
+          f"{where}.repo", f"{repo!r} is neither a repo name nor a plain path")
+    runs = body.get("runs")
+    _need(isinstance(runs, list) and bool(runs) and all(isinstance(r, dict) for r in runs), f"{where}.runs",
+          "must be a non-empty list of run spec tables/objects")
+    for run in runs:
+        placed = sorted({"repo", "repo_path", "ref"} & set(run))
+        _need(not placed, f"{where}.runs", f"{', '.join(placed)}: set by the worker for each commit, not given")
+    host = body.get("host", "local")
+    _need(isinstance(host, str) and _HOST.fullmatch(host) is not None, f"{where}.host", f"{host!r} is not a host name")
+    config.host(host)
+    every = body.get("every", 1)
+    _need(isinstance(every, int) and not isinstance(every, bool) and every > 0, f"{where}.every",
+          f"must be a positive integer, got {every!r}")
+    batch = body.get("batch", "")
+    _need(isinstance(batch, str), f"{where}.batch", "must be a string")
+    return RangeSpec(commits=body.get("commits", ""), repo=repo, runs=tuple(runs), host=host, every=every,
+                     batch=batch)
+
+
+def parse_job_spec(body: Any, config: Config | None = None) -> RunSpec | RangeSpec:
+    """A queued job's spec: a RangeSpec when it is {"expand": {...}}, else a run spec."""
+    if isinstance(body, dict) and "expand" in body:
+        _need(set(body) == {"expand"}, "spec", "a range job holds only its 'expand' table/object")
+        return parse_range_spec(body["expand"], config)
+    return parse_spec(body, config)
 
 
 def _read_table_file(path: Path) -> dict:

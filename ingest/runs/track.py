@@ -1,6 +1,9 @@
 """Change tracking over the database: each series (repo, engine, workload, device, variant) read
 along commit order, its metrics run through detect.detect_changes, every confirmed change
 explained kernel by kernel and diagnosed, and the result stored (db.series.replace_changes).
+A series is named as the pages name it (db.views.list_series' columns and one variant); rows
+handed back carry its stored names (db.series.stored_series: repo, engine, workload_key,
+device_name, variant).
 
 Metrics per series: tok/s (higher is better), step ms, copy share, each category's ms per
 step (lower is better), and each kernel's ms per step and calls per step where the kernel is
@@ -18,8 +21,9 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from db.series import list_series, load_points, load_runs_facts, load_step_categories, replace_changes
+from db.series import list_series_runs, list_step_categories, replace_changes, stored_series
 from db.store import open_db
+from db.views import get_series_of_run, list_series
 
 from ..priority import run_as_batch
 from ..regress.detect import Point, detect_changes
@@ -38,13 +42,13 @@ def is_bisectable(metric: str) -> bool:
 
 
 def _facts_of(run: dict, kernels: pd.DataFrame) -> RunFacts:
-    workload = (run.get("manifest") or {}).get("workload") or run.get("workload") or {}
-    step_ms = run.get("timing_ms_median") or run["step_ms_median"]
-    return RunFacts(step_ms=step_ms, kernels=kernels, tok_per_s=run["tok_per_s"],
+    """RunFacts of a Store.get_run row (its workload is its bundle manifest's) and its kernels."""
+    workload = run["workload"] or {}
+    return RunFacts(step_ms=run["step_ms"], kernels=kernels, tok_per_s=run["tok_per_s"],
                     profiled_step_ms=run["step_ms_median"],
-                    batch_size=run.get("batch_size") or workload.get("batch_size"), layers=run["layers"],
-                    device_name=run["device"], peak_gbps=run["peak_gbps"], workload=workload,
-                    commit=run["commit"], variant=run["variant"])
+                    batch_size=run["batch_size"] or workload.get("batch_size"), layers=run["layers"],
+                    device_name=run["device"] or None, peak_gbps=run["peak_gbps"], workload=workload,
+                    commit=run["sha"], variant=run["variant"] or None)
 
 
 def _commit_points(points: pd.DataFrame) -> pd.DataFrame:
@@ -112,19 +116,18 @@ class SeriesData:
 def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> SeriesData | None:
     """Read one series' runs, per-step samples and kernels; None when it spans fewer than two
     commits (nothing to compare)."""
-    points = load_points(store, series["repo"], series["engine"], series["workload_key"], series["device_name"],
-                         series["variant"], seq_range)
+    points = list_series_runs(store, series, seq_range)
     if points["commit_id"].nunique() < 2:
         return None
     run_ids = [int(r) for r in points["run_id"]]
-    runs, kernel_rows = load_runs_facts(store, run_ids), store.get_kernel_stats_of_runs(run_ids)
+    runs, kernel_rows = store.list_runs(run_ids), store.list_kernels_of_runs(run_ids)
     facts = {rid: _facts_of(runs[rid], kernel_rows[rid]) for rid in run_ids}
     kernels = {}
     for rid in run_ids:
         k = facts[rid].kernels.copy()
         k["key"] = k["name"] + "\x1f" + k["launcher"] + "\x1f" + k["source"]
         kernels[rid] = k
-    return SeriesData(points, load_step_categories(store, run_ids), kernels, facts)
+    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts)
 
 
 def detect_series_changes(data: SeriesData | None) -> list[dict]:
@@ -165,16 +168,30 @@ def _records(frame: pd.DataFrame) -> list[dict]:
              for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
 
+_SERIES_NAMES = ("repo", "engine", "device", "workload_id", "workload_key")
+
+
+def list_tracked_series(store, repo: str | None = None) -> list[dict]:
+    """Each variant of each series (of one repository, or of all), named as pages name it, in
+    the order of their stored names (repo, engine, workload key, GPU, variant; missing last)."""
+    named = {}
+    for row in list_series(store, repo).to_dict(orient="records"):
+        for variant in row["variants"]:
+            series = {**{k: row[k] for k in _SERIES_NAMES}, "variant": variant}
+            named[tuple(series.values())] = series  # once, also where a series' runs differ in batch size
+    return sorted(named.values(), key=lambda s: [(v is None, v or "") for v in stored_series(s).values()])
+
+
 def track_changes(store, repo: str | None = None, seq_range: tuple[int, int] | None = None,
                   only: Iterable[dict] | None = None) -> list[dict]:
-    """Re-detect the changes of every series (or `only` these) and store them; returns the
-    stored rows with their series."""
-    series_rows = list(only) if only is not None else list_series(store, repo).to_dict(orient="records")
+    """Re-detect the changes of every series (or `only` these, named as list_tracked_series
+    names them) and store them; returns the stored rows with their series' stored names."""
+    series_rows = list(only) if only is not None else list_tracked_series(store, repo)
     found = []
     for s in series_rows:
         rows = analyse_series(store, s, seq_range)
-        replace_changes(store, s["repo"], s, rows)
-        found += [{**s, **r} for r in rows]
+        replace_changes(store, s, rows)
+        found += [{**stored_series(s), **r} for r in rows]
     return found
 
 
@@ -182,31 +199,25 @@ def follow_run(db_path: str, run_id: int, db_call: Callable | None = None) -> tu
     """Re-detect the changes of a new run's series and store them: read (one short connection),
     detect (none, at batch priority: ingest/priority.py), write (another short one). `db_call`
     runs the two database steps (a command's DatabaseThread); by default they run here.
-    Returns (the series or None, the stored rows)."""
+    Returns (the series' stored names or None, the stored rows)."""
     call = db_call or (lambda fn, *args: fn(*args))
     series, data = call(_read_series_of_run, db_path, run_id)
     if series is None:
         return None, []
     rows = run_as_batch(detect_series_changes, data)  # seconds of CPU on a loaded machine
     call(_write_changes, db_path, series, rows)
-    return series, [{**series, **r} for r in rows]
+    stored = stored_series(series)
+    return stored, [{**stored, **r} for r in rows]
 
 
 def _read_series_of_run(db_path: str, run_id: int):
     # (not read-only: DuckDB refuses a read-only attachment beside the read-write one that a
     # worker's heartbeat thread may hold in the same process)
     with open_db(db_path) as store:
-        series = series_of_run(store, run_id)
+        series = get_series_of_run(store, run_id)
         return series, (load_series(store, series) if series is not None else None)
 
 
 def _write_changes(db_path: str, series: dict, rows: list[dict]) -> None:
     with open_db(db_path) as store:
-        replace_changes(store, series["repo"], series, rows)
-
-
-def series_of_run(store, run_id: int) -> dict | None:
-    row = store.con.execute(
-        "SELECT p.name, r.engine, r.workload_key, r.device_name, r.variant FROM runs r JOIN repos p USING (repo_id)"
-        " WHERE r.run_id = ? AND r.commit_id IS NOT NULL", [run_id]).fetchone()
-    return dict(zip(["repo", "engine", "workload_key", "device_name", "variant"], row)) if row else None
+        replace_changes(store, series, rows)

@@ -9,6 +9,14 @@ again, and its scratch directories are removed. SIGTERM or SIGINT stops the runn
 command and puts the job back in the queue without counting the attempt (a job whose engine
 had already finished is imported first: seconds), then the worker exits with status 0. The
 database is written only here (and by CLI imports), in short transactions.
+
+Whoever queues a job runs nothing: the worker resolves the ref, asks the host to answer and, for
+a reference run on device cuda, whether it has a GPU, so that a bad ref, a dead host or a
+missing GPU fails the job in seconds with one line naming it (these failures are not retried:
+only a dead worker's job is). A range job (spec.RangeSpec, queued by the dashboard's form) is
+expanded here into one job a commit x run (expand.py), queued in the same transaction that
+ends the range job as succeeded, with a note such as "queued 6 jobs (3 commits x 2 runs)"
+added to its label.
 """
 
 from __future__ import annotations
@@ -18,7 +26,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -34,13 +41,14 @@ from ..traces.categories import Rule
 from ..traces.importer import ImportOptions, prepare_import
 from .bisect import plan_bisects
 from .connect import make_host_for
-from .engines.reference import run_reference
-from .engines.sglang import run_sglang
+from .engines.base import Checkout, EngineIO
+from .engines.registry import ENGINES
 from .errors import CommandCancelled, CommandTimeout, HostError, RunError, SpecError
+from .expand import Expansion, expand_range
 from .git import CommitInfo, describe_commit, resolve_ref
 from .hosts import Host, LocalHost
 from .repos import ROOT
-from .spec import Config, RunSpec, parse_spec
+from .spec import Config, RangeSpec, RunSpec, parse_job_spec
 from .survival import (
     kept_bundle_path,
     list_work_dirs,
@@ -142,54 +150,30 @@ def _resolve_commit(spec: RunSpec, config: Config, host: Host) -> tuple[str, str
 
 
 def check_runnable(spec: RunSpec, config: Config) -> CommitInfo | None:
-    """What can be known before a spec is queued: its host answers, its ref names a commit, and
-    a reference run on device cuda has a GPU there. Raises SpecError or HostError; returns the
-    commit it will measure (None if it has none)."""
+    """What can be known before a spec runs: its host answers, its ref names a commit, and its
+    engine's check passes (a reference run on device cuda has a GPU there). Raises SpecError or
+    HostError; returns the commit it will measure (None if it has none)."""
     host = make_host_for(config, spec.host)
     host.check()
     commit = _resolve_commit(spec, config, host)[2]
-    _check_cuda(spec, config, host)
+    ENGINES[spec.engine].check(spec, config, host)
     return commit
 
 
-CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
-CUDA_PROBE_TIMEOUT_S = 120.0
-
-
-def _check_cuda(spec: RunSpec, config: Config, host: Host) -> None:
-    """A reference run on device cuda where the host's torch sees no GPU would fail at run time;
-    it is refused now, with the reason. (The sglang engine checks its GPU itself.)"""
-    if spec.engine != "reference" or spec.device != "cuda":
-        return
-    python = sys.executable if isinstance(host, LocalHost) else config.host(spec.host).python
-    try:
-        result = host.run([python, "-c", CUDA_PROBE], check=False, timeout_s=CUDA_PROBE_TIMEOUT_S)
-    except CommandTimeout:
-        raise SpecError(f"device cuda: host {spec.host} did not answer whether it has CUDA within "
-                        f"{CUDA_PROBE_TIMEOUT_S:.0f} s") from None
-    if result.returncode == 3:
-        raise SpecError(f"device cuda: host {spec.host} has no CUDA device (torch.cuda.is_available() is False "
-                        "there): use device cpu, or a host with a GPU")
-    if result.returncode != 0:
-        last = (result.output.strip().splitlines() or ["no output"])[-1]
-        raise SpecError(f"device cuda: cannot tell whether host {spec.host} has CUDA ({python}: {last})")
-
-
 def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) -> tuple[Path, str, CommitInfo | None]:
-    """Run the spec's engine; return (bundle or trace path, repo name, commit)."""
+    """Run the spec's engine (ingest/runs/engines/base.py); return (bundle or trace path, repo
+    name, commit). The host must answer, the ref resolve and the engine's check pass first."""
     host = make_host_for(config, spec.host)
     host.check()
     repo, repo_path, commit = _resolve_commit(spec, config, host)
-    common = dict(work_dir_local=work_dir, on_line=reporter.line, should_stop=reporter.should_stop,
-                  on_progress=reporter.progress,
+    engine = ENGINES[spec.engine]
+    engine.check(spec, config, host)
+    # a reference run without a repo (or at HEAD) measures this checkout as it is
+    own_code = spec.engine == "reference" and not (commit and repo_path and spec.ref not in (None, "HEAD"))
+    checkout = Checkout(commit.sha if commit else None, None if own_code else repo_path)
+    io = EngineIO(on_line=reporter.line, on_progress=reporter.progress, should_stop=reporter.should_stop,
                   on_scratch=lambda path, repo=None: reporter.note_scratch(spec.host, path, repo))
-    if spec.engine == "import":
-        return Path(spec.path), repo, None
-    if spec.engine == "reference":
-        sha = commit.sha if commit else None
-        worktree_repo = repo_path if (commit and repo_path and spec.ref not in (None, "HEAD")) else None
-        return run_reference(spec, config, host, sha=sha, repo_path=worktree_repo, **common), repo, commit
-    return run_sglang(spec, config, host, sha=commit.sha, **common), repo, commit
+    return engine.run(spec, config, host, checkout, work_dir, io), repo, commit
 
 
 def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[str], None]) -> None:
@@ -226,12 +210,14 @@ def keep_bundle(db_path: str, job_id: int, bundle: Path, work: Path) -> Path:
 @dataclass(frozen=True)
 class Outcome:
     """How an attempt ended: succeeded, failed or cancelled (final); queued (its worker was
-    stopped and it goes back to the queue); lost (taken back from this attempt: nothing written)."""
+    stopped and it goes back to the queue); lost (taken back from this attempt: nothing written).
+    A range job succeeds with the jobs to queue in its place (`expansion`)."""
 
     status: str
     run_id: int | None = None
     kind: str | None = None
     error: str | None = None
+    expansion: Expansion | None = None
 
 
 def _bundle_for(db_path: str, job_id: int, spec: RunSpec, config: Config, reporter: Reporter,
@@ -270,7 +256,13 @@ def _attempt(db_path: str, job: dict, config: Config, rules: list[Rule], reporte
     """Run the job once; its own failures become the outcome, never an exception."""
     job_id = job["job_id"]
     try:
-        spec = parse_spec(json.loads(job["spec"]), config)
+        spec = parse_job_spec(json.loads(job["spec"]), config)
+        if isinstance(spec, RangeSpec):
+            reporter.line(f"job {job_id}: attempt {job['attempts']}: expanding {spec.commits or 'HEAD'} of "
+                          f"{spec.repo or 'stepwatch'} on host {spec.host}")
+            expansion = expand_range(spec, config)
+            reporter.line(f"job {job_id}: {expansion.describe()}")
+            return Outcome("succeeded", expansion=expansion)
         reporter.line(f"job {job_id}: attempt {job['attempts']}: {spec.describe()}")
         bundle, repo, commit = _bundle_for(db_path, job_id, spec, config, reporter, work)
         run_id = _import(db_path, job_id, spec, rules, bundle, repo, commit, reporter)
@@ -313,6 +305,8 @@ def _record(db_path: str, job_id: int, reporter: Reporter, outcome: Outcome) -> 
                     "the attempt does not count")
             written = store.release_job(job_id, worker, attempt, "queued", note, count_attempt=False) is not None
             say(note)
+        elif outcome.expansion is not None:
+            written = _queue_expansion(store, job_id, reporter, outcome.expansion, say)
         else:
             written = store.finish_job(job_id, outcome.status, run_id=outcome.run_id, error_kind=outcome.kind,
                                        error=(outcome.error or "")[:500] or None, log=reporter.log_text(),
@@ -321,6 +315,19 @@ def _record(db_path: str, job_id: int, reporter: Reporter, outcome: Outcome) -> 
         say(f"job {job_id}: taken back from {worker} before it ended ({outcome.status}): nothing written")
         return "lost"
     return outcome.status
+
+
+def _queue_expansion(store, job_id: int, reporter: Reporter, expansion: Expansion,
+                     say: Callable[[str], None]) -> bool:
+    """Queue a range job's run jobs, record their commits and end it as succeeded, at once
+    (Store.finish_expanding_job); returns whether the attempt still held the job."""
+    ids = store.finish_expanding_job(
+        job_id, reporter.holder, [(s.to_json(), s.describe()) for s in expansion.specs], expansion.batch,
+        note=f": {expansion.describe()}", log=reporter.log_text(),
+        commits=[(expansion.repo, c.sha, c.committed_at, c.author, c.subject, c.seq) for c in expansion.commits])
+    if ids is not None:
+        say(f"job {job_id}: queued jobs {ids[0]}..{ids[-1]}")
+    return ids is not None
 
 
 def execute_job(db_path: str, job: dict, config: Config, rules: list[Rule],

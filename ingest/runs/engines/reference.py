@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from ..errors import CommandTimeout, SpecError
 from ..git import add_worktree, remove_worktree
 from ..hosts import Host, LocalHost
 from ..repos import ROOT
 from ..spec import Config, RunSpec
+from .base import Checkout, Engine, EngineIO
 
 _PROGRESS = re.compile(r"^progress: (timing|profile) (\d+)/(\d+)")
 TIMING_STEPS = 20
@@ -93,3 +95,35 @@ def run_reference(spec: RunSpec, config: Config, host: Host, *, work_dir_local: 
         if worktree is not None:
             remove_worktree(host, repo_path, worktree)
         host.rmtree(tmp)
+
+
+CUDA_PROBE = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
+CUDA_PROBE_TIMEOUT_S = 120.0
+
+
+def check_reference(spec: RunSpec, config: Config, host: Host) -> None:
+    """A run on device cuda where the host's torch sees no GPU would fail at run time; it is
+    refused now, with the reason."""
+    if spec.device != "cuda":
+        return
+    python = sys.executable if isinstance(host, LocalHost) else config.host(spec.host).python
+    try:
+        result = host.run([python, "-c", CUDA_PROBE], check=False, timeout_s=CUDA_PROBE_TIMEOUT_S)
+    except CommandTimeout:
+        raise SpecError(f"device cuda: host {spec.host} did not answer whether it has CUDA within "
+                        f"{CUDA_PROBE_TIMEOUT_S:.0f} s") from None
+    if result.returncode == 3:
+        raise SpecError(f"device cuda: host {spec.host} has no CUDA device (torch.cuda.is_available() is False "
+                        "there): use device cpu, or a host with a GPU")
+    if result.returncode != 0:
+        last = (result.output.strip().splitlines() or ["no output"])[-1]
+        raise SpecError(f"device cuda: cannot tell whether host {spec.host} has CUDA ({python}: {last})")
+
+
+def _run(spec: RunSpec, config: Config, host: Host, checkout: Checkout, work_dir: Path, io: EngineIO) -> Path:
+    return run_reference(spec, config, host, work_dir_local=work_dir, sha=checkout.sha, repo_path=checkout.repo_path,
+                         on_line=io.on_line, should_stop=io.should_stop, on_progress=io.on_progress,
+                         on_scratch=io.on_scratch)
+
+
+ENGINE = Engine("reference", check_reference, _run)

@@ -34,10 +34,11 @@ from typing import Callable
 
 from kernels.bundle import Manifest, Timing, write_bundle
 
-from ..errors import CommandCancelled, CommandFailed, CommandTimeout, RunError
+from ..errors import CommandCancelled, CommandFailed, CommandTimeout, RunError, SpecError
 from ..git import add_worktree, remove_worktree
 from ..hosts import Host
 from ..spec import Config, RunSpec, Workload
+from .base import Checkout, Engine, EngineIO
 from .sglang_server import (ENVIRON_FILE, LAUNCH_SERVER_FILE, RUN_NAME, SERVER_DRIVER_SCRIPT,  # noqa: F401
                             SERVER_TIMING_METHOD, build_driver_config, build_engine_flags,
                             build_profile_request, build_server_argv, build_server_env, check_server_workload,
@@ -117,7 +118,7 @@ def plan_profile_start_step(output_len: int, profile_steps: int) -> int:
     SGLang itself never stops (so never writes the trace) when they do not fit."""
     decode_steps = output_len - 1
     if profile_steps > decode_steps:
-        raise RunError(f"workload.profile_steps {profile_steps}: more than the {decode_steps} decode steps "
+        raise SpecError(f"workload.profile_steps {profile_steps}: more than the {decode_steps} decode steps "
                        f"of output_len {output_len}; raise output_len to at least {profile_steps + 1}")
     return min(output_len // 2, decode_steps - profile_steps)
 
@@ -572,27 +573,39 @@ def measure_server(ctx: Context) -> Measured:
     return Measured(traces, latency_s, tok_per_s, profiled, SERVER_TIMING_METHOD, output, extra)
 
 
-def _check_runnable(spec: RunSpec, config: Config, sha: str, server: bool) -> tuple[str, tuple[str, ...]]:
-    """(repo path, patch files) of a spec this engine can run; RunError before anything runs."""
+def check_sglang(spec: RunSpec, config: Config, host: Host | None = None, *, server: bool | None = None) -> str:
+    """What can be known before anything runs (the engine's check): the repo is in the config, the
+    workload fits the path it takes (one batch, or the server for TP > 1 or `server`), the variant
+    names a patch set whose files exist. Returns the repo path; raises SpecError."""
     if spec.engine != "sglang":
-        raise RunError(f"spec.engine {spec.engine!r}: the sglang engine runs sglang specs only")
+        raise SpecError(f"spec.engine {spec.engine!r}: the sglang engine runs sglang specs only")
     if spec.repo not in config.repos:
-        raise RunError(f"spec.repo {spec.repo!r}: not in the config's [repos]")
-    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
-        raise RunError(f"sha {sha!r}: expected a full commit sha (resolve the ref first)")
+        raise SpecError(f"spec.repo {spec.repo!r}: not in the config's [repos]")
     if spec.workload.model_path is None:
-        raise RunError("workload.model_path: the sglang engine needs a model path")
-    if server:
+        raise SpecError("workload.model_path: the sglang engine needs a model path")
+    if spec.workload.tp > 1 if server is None else server:
         check_server_workload(spec.workload)
     else:
         plan_profile_start_step(spec.workload.output_len, spec.workload.profile_steps)
+    for f in _patch_files(spec, config):
+        if not Path(f).is_file():
+            raise SpecError(f"spec.variant {spec.variant!r}: patch file {f} does not exist")
+    return config.repos[spec.repo].path
+
+
+def _patch_files(spec: RunSpec, config: Config) -> tuple[str, ...]:
     patches = () if spec.variant == "unpatched" else config.patches.get(spec.variant)
     if patches is None:
-        raise RunError(f"spec.variant {spec.variant!r}: not a patch set in the config's [patches]")
-    for f in patches:
-        if not Path(f).is_file():
-            raise RunError(f"spec.variant {spec.variant!r}: patch file {f} does not exist")
-    return config.repos[spec.repo].path, tuple(patches)
+        raise SpecError(f"spec.variant {spec.variant!r}: not a patch set in the config's [patches]")
+    return tuple(patches)
+
+
+def _check_runnable(spec: RunSpec, config: Config, sha: str, server: bool) -> tuple[str, tuple[str, ...]]:
+    """(repo path, patch files) of a spec this engine can run; RunError before anything runs."""
+    repo_path = check_sglang(spec, config, server=server)
+    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        raise RunError(f"sha {sha!r}: expected a full commit sha (resolve the ref first)")
+    return repo_path, _patch_files(spec, config)
 
 
 def run_sglang(spec: RunSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path,
@@ -666,3 +679,11 @@ def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context],
     finally:
         remove_worktree(host, repo_path, dirs.worktree)  # also when `worktree add` stopped half-way
         host.rmtree(dirs.base)
+
+
+def _run_engine(spec: RunSpec, config: Config, host: Host, checkout: Checkout, work_dir: Path, io: EngineIO) -> Path:
+    return run_sglang(spec, config, host, sha=checkout.sha, work_dir_local=work_dir, on_line=io.on_line,
+                      should_stop=io.should_stop, on_progress=io.on_progress, on_scratch=io.on_scratch)
+
+
+ENGINE = Engine("sglang", check_sglang, _run_engine)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import RunError
+from ..errors import RunError, SpecError
 from ..spec import Workload
 
 RUN_NAME = "stepwatch"
@@ -85,7 +85,7 @@ def check_server_workload(workload: Workload) -> None:
     """The server stops a by-stage decode profile on the decode step after the last profiled one,
     so the load must run at least profile_steps + 1 decode steps."""
     if workload.output_len < workload.profile_steps + 2:
-        raise RunError(f"workload.output_len {workload.output_len}: the server path needs at least "
+        raise SpecError(f"workload.output_len {workload.output_len}: the server path needs at least "
                        f"profile_steps + 2 = {workload.profile_steps + 2} output tokens")
 
 

@@ -1,0 +1,65 @@
+"""A range job's expansion, done by the worker that claims it: the dashboard's form queues one
+RangeSpec (ingest/runs/spec.py) instead of running git, ssh or looking for a checkout itself.
+
+The worker finds the checkout the range job's `repo` names on its host (a config [repos] entry,
+this checkout for ""/"stepwatch", or a directory on this machine: repos.locate_repo), asks the
+host to answer (a dead host fails the job in seconds, with ssh's reason), lists A..B along B's
+first-parent history there (every K-th commit, always B: git.list_first_parent) and builds one
+run spec a commit x run, commits outer, each checked by parse_spec before any is queued. A
+single ref is not resolved here: its runs are queued with the ref as given, and each run's own
+job resolves it (an unknown ref fails that job). The specs are those `python -m ingest backfill`
+and the form queued before there was a range job: same repo, repo_path, ref, order and labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .connect import make_host_for
+from .errors import SpecError
+from .git import CommitInfo, list_first_parent
+from .repos import ROOT, locate_repo
+from .spec import Config, RangeSpec, RunSpec, parse_spec, place_at_commit
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What a range job queues: run specs, the commits they measure (to record) and their repo."""
+
+    specs: list[RunSpec]
+    commits: list[CommitInfo]
+    repo: str | None
+    batch: str
+
+    def describe(self) -> str:
+        """The note its job ends with: queued 6 jobs (3 commits x 2 runs), or (1 ref x 2 runs)."""
+        refs = max(len(self.commits), 1)
+        runs = len(self.specs) // refs
+        what = _count(refs, "commit") if self.commits else "1 ref"
+        return f"queued {_count(len(self.specs), 'job')} ({what} x {_count(runs, 'run')})"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
+def expand_range(spec: RangeSpec, config: Config) -> Expansion:
+    """The run specs a range job stands for; raises SpecError (no checkout, an unknown ref, a
+    run spec with a bad field), HostError (the host does not answer) or another RunError (git
+    failed), and then nothing is queued."""
+    is_range = ".." in spec.commits
+    name, path = locate_repo(spec.repo, config, spec.host) if spec.repo or is_range else (None, None)
+    commits: list[CommitInfo] = []
+    refs = [spec.commits or None]
+    if is_range:
+        if path is None:
+            known = f"; {spec.repo!r} is neither in [repos] nor a checkout on this machine" if spec.repo else ""
+            raise SpecError(f"commits: the range {spec.commits!r} needs a repo from the config's [repos] (or, for "
+                            f"the reference engine on this machine, this checkout){known}")
+        host = make_host_for(config, spec.host)
+        host.check()
+        commits = list_first_parent(host, path, spec.commits, spec.every)
+        refs = [c.sha for c in commits]
+    own_path = path if path and name not in config.repos and path != str(ROOT) else None
+    specs = [parse_spec(place_at_commit(body, name, ref, own_path), config) for ref in refs for body in spec.runs]
+    return Expansion(specs, commits, name, spec.batch)
