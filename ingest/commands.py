@@ -19,7 +19,6 @@ from .runs.repos import ROOT as REPO_ROOT
 from .runs.repos import locate_repo
 from .runs.spec import load_config, parse_spec
 from .runs.survival import process_stamp
-from .runs.worker import check_runnable, execute_job, run_worker, worker_name
 from .traces.categories import load_rule_chain
 from .traces.importer import ImportOptions, prepare_import
 from .traces.progress import ImportBar, Progress
@@ -56,6 +55,8 @@ def _spec_body(args) -> dict:
 
 
 def run_run(args) -> int:
+    from .runs.worker import check_runnable, execute_job, worker_name  # change tracking's SciPy: not for import
+
     config = load_config(args.config)
     spec = parse_spec(_spec_body(args), config)
     check_runnable(spec, config)  # an unknown ref or an unreachable host: refused, nothing queued
@@ -96,6 +97,8 @@ def _with_progress(bar: Progress, echo):
 
 
 def run_worker_cmd(args) -> int:
+    from .runs.worker import run_worker, worker_name
+
     config = load_config(args.config)
     print(f"worker {worker_name()} on {args.db}", file=sys.stderr)
     run_worker(args.db, config, load_rule_chain(), poll_s=args.poll_s, exit_when_idle=args.exit_when_idle,

@@ -1,6 +1,7 @@
 """What `python -m ingest` loads before it answers: --help and usage errors load neither DuckDB
-nor NumPy nor pandas, and a report loads DuckDB but no NumPy or pandas (they cost ~0.6 s of the
-~0.7 s a command used to take to start; ingest/BENCHMARKS.md has the timings). Checked in fresh
+nor NumPy nor pandas, a report loads DuckDB but no NumPy or pandas (they cost ~0.6 s of the
+~0.7 s a command used to take to start; ingest/BENCHMARKS.md has the timings), and an import
+without a commit loads none of change detection's SciPy and ruptures (~1 s of imports). Checked in fresh
 processes, from sys.modules, so the test says what was loaded, not how long it took."""
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("duckdb", "numpy", "pandas", "msgspec", "pyarrow", "torch")
+HEAVY = ("duckdb", "numpy", "pandas", "msgspec", "pyarrow", "torch", "scipy", "ruptures")
 
 _PROBE = """
 import json, sys, io, contextlib
@@ -60,3 +61,14 @@ def test_a_report_loads_duckdb_but_not_numpy_or_pandas(tmp_path):
     assert report["loaded"] == ["duckdb"]
     missing = _probe("report", "99", "--db", str(db))
     assert missing["code"] == 2 and missing["err"].strip() == f"stepwatch: error: {db}: no run with id 99"
+
+
+def test_an_import_without_a_commit_loads_no_change_detection(tmp_path):
+    """The worker's modules (and through them the detector's SciPy and ruptures) once loaded
+    with every import command: 1.0-1.7 s of a 1.7-3.3 s import of a 179 MB trace."""
+    trace = ROOT / "tests" / "data" / "traces" / "cpu_small.trace.json"
+    done = _probe("import", str(trace), "--db", str(tmp_path / "i.duckdb"))
+    assert done["code"] == 0, done["err"]
+    assert done["out"].strip() == "1" and "imported run 1" in done["err"]
+    assert "scipy" not in done["loaded"] and "ruptures" not in done["loaded"], done["loaded"]
+    assert {"duckdb", "msgspec", "numpy"} <= set(done["loaded"])

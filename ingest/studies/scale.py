@@ -133,7 +133,7 @@ def read_source(path: Path = CAPTURE / "trace.json.gz") -> Source:
     owner = np.clip(np.searchsorted(starts, ts, "right") - 1, 0, len(starts) - 1)
     launch_owner = {}
     for i, e in enumerate(events):
-        if e.cat in ("cuda_runtime", "cuda_driver") and e.args.correlation is not None:
+        if e.cat in ("cuda_runtime", "cuda_driver") and e.args.correlation not in (None, -1):  # -1: absent
             launch_owner[e.args.correlation] = owner[i]
     kernel_name: list = [None] * len(events)
     kernel_dur = np.zeros(len(events))

@@ -67,8 +67,9 @@ def metered(slot: MeterSlot | None):
 
 
 class Args(msgspec.Struct, gc=False):
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
+    # absent ids are -1 (so a piece's ids go to numpy without a Python loop); JSON null is None
+    correlation: int | None = -1
+    external_id: int | None = msgspec.field(default=-1, name="External id")
     # kept undecoded (msgspec.Raw): only the few distinct shapes are ever parsed
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
@@ -155,7 +156,9 @@ class _Columns:
     The per-event work runs in C: attribute reads through `map(attrgetter(...))`, numbers
     through numpy, and dictionary encoding through `dict.fromkeys`; Python only loops over
     the few distinct names, threads and shapes of each piece. Ops without recorded shapes
-    share the shape (b"", b""), whose bytes are unknown."""
+    share the shape (b"", b""), whose bytes are unknown. A shape is keyed here by its two JSON
+    texts joined by a NUL byte (JSON text holds none: raw control characters are invalid, and
+    the repair turns them into spaces), split back into a pair by `finish`."""
 
     def __init__(self, path: Path, limits: ReadLimits) -> None:
         self.path, self.limits = path, limits
@@ -178,12 +181,39 @@ class _Columns:
         return np.fromiter(map(table.__getitem__, values), np.int32, len(values)), new
 
     def _ids(self, values: list) -> np.ndarray:
-        """Correlation / External ids as int64; None (absent) and ids no int64 holds become -1
-        (the latter counted: they are read as absent)."""
-        ids = np.array(values, dtype=np.float64)
-        bad = (ids < 0) | (ids >= 2.0**63)
-        self.ids_out_of_range += int(bad.sum())
-        return np.where(np.isnan(ids) | bad, -1, ids).astype(np.int64)
+        """Correlation / External ids as int64; -1 (absent), None (JSON null) and ids no int64
+        holds or below -1 become -1 (the latter counted: they are read as absent)."""
+        try:
+            ids = np.fromiter(values, np.int64, len(values))  # the usual case: in C
+        except (TypeError, OverflowError):  # a null, or an id beyond int64
+            ids = np.array([-1 if v is None or not -1 <= v < 2**63 else v for v in values], np.int64)
+            self.ids_out_of_range += sum(1 for v in values if v is not None and not -1 <= v < 2**63)
+            return ids
+        bad = ids < -1
+        if bad.any():
+            self.ids_out_of_range += int(bad.sum())
+            ids[bad] = -1
+        return ids
+
+    def _threads(self, kept: list[Event]) -> np.ndarray:
+        """The (pid, tid) code of each event. Integer ids (Kineto writes them) are coded in
+        numpy: the distinct pairs of a piece are a handful, found by np.unique, and only they
+        meet the table, in the order they first occur; text ids take the tuple path."""
+        n = len(kept)
+        try:
+            pid = np.fromiter(map(_PID, kept), np.int64, n)
+            tid = np.fromiter(map(_TID, kept), np.int64, n)
+        except (TypeError, ValueError, OverflowError):
+            return self._encode(list(zip(map(_PID, kept), map(_TID, kept))), self.threads)[0]
+        pids, pid_code = np.unique(pid, return_inverse=True)
+        tids, tid_code = np.unique(tid, return_inverse=True)
+        pairs, first, code = np.unique(pid_code.astype(np.int64) * len(tids) + tid_code.ravel(),
+                                       return_index=True, return_inverse=True)
+        ids = np.empty(len(pairs), np.int32)
+        for k in np.argsort(first, kind="stable").tolist():
+            key = (int(pids[pairs[k] // len(tids)]), int(tids[pairs[k] % len(tids)]))
+            ids[k] = self.threads.setdefault(key, len(self.threads))
+        return ids[code.ravel()]
 
     def add(self, events: list[Event], number: int) -> None:
         first = self.events_seen
@@ -208,16 +238,15 @@ class _Columns:
                                         f"the limit of {self.limits.max_name_chars:,}")
         ts = np.fromiter(map(_TS, kept), np.float64, n)
         dur = np.fromiter(map(_DUR, kept), np.float64, n)
-        thread, _ = self._encode(list(zip(map(_PID, kept), map(_TID, kept))), self.threads)
+        thread = self._threads(kept)
         args = list(map(_ARGS, kept))
-        # None (JSON null or absent) becomes NaN in a float array, then -1
         corr = self._ids(list(map(_CORR, args)))
         ext = self._ids(list(map(_EXT, args)))
         shape = np.full(n, -1, np.int32)
         ops = np.flatnonzero(kind == _KIND_CODE["cpu_op"])
         if len(ops):
             op_args = [args[i] for i in ops.tolist()]
-            keys = list(zip(map(bytes, map(_DIMS, op_args)), map(bytes, map(_TYPES, op_args))))
+            keys = list(map(b"\0".join, zip(map(_DIMS, op_args), map(_TYPES, op_args))))
             shape[ops], _ = self._encode(keys, self.shapes)
         self.parts.append((number, (kind, name_id, ts, dur, thread, corr, ext, shape)))
 
@@ -248,7 +277,8 @@ class _Columns:
             cols = [np.empty(0, t) for t in (np.int8, np.int32, np.float64, np.float64, np.int32, np.int64, np.int64, np.int32)]
         return RawTrace(
             path, header, *cols,
-            names=list(self.names), threads=list(self.threads), shapes=list(self.shapes),
+            names=list(self.names), threads=list(self.threads),
+            shapes=[tuple(key.split(b"\0", 1)) for key in self.shapes],
             events_seen=self.events_seen, repaired_bytes=self.repaired_bytes,
             ids_out_of_range=self.ids_out_of_range,
         )
