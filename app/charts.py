@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ingest.regress.uncertainty import welch_interval
+from ingest.regress.uncertainty import WITHIN_NOISE, compare_means
 
 from .changes import describe_change
 from .labels import label_commit
@@ -191,35 +191,41 @@ def category_mean_chart(means: pd.DataFrame) -> alt.Chart:
     ).properties(height=alt.Step(24))
 
 
-def change_rows(diff: pd.DataFrame) -> pd.DataFrame:
+def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame:
     """get_category_diff's frame as the rows of a change chart: the whole step's change first
     ("step", B - A), then each category's, largest change first; `label` is the signed ms.
-    Each category with step-to-step spreads on both sides gets `low`/`high`, the 95 % interval
-    of its change (Welch, over the profiled steps), and `noise`: whether that interval holds 0
-    (the change is within the steps' noise); the label says so."""
+    Each category present in both runs with step-to-step spreads on both sides gets the verdict
+    the kernels get (compare_means: Welch's test on the profiled steps, at least 3 %, beyond the
+    workload's run-to-run `spread` where known): `low`/`high`, its 95 % interval in ms, and
+    `noise`, whether it is within noise (the label says so). A category new or gone is a change."""
     total = float(diff["delta_ms_per_step"].sum())
     rows = pd.DataFrame({"part": ["step"] + diff["category"].tolist(),
                          "delta_ms": [total] + diff["delta_ms_per_step"].astype(float).tolist()})
     rows["kind"] = ["total"] + ["slower" if d > 0 else "faster" if d < 0 else "same" for d in rows["delta_ms"][1:]]
-    lows, highs = [None], [None]
+    lows, highs, noise = [None], [None], [False]
     spreads = all(c in diff.columns for c in ("a_sd_ms", "b_sd_ms", "a_steps", "b_steps"))
     for r in diff.itertuples():
-        known = spreads and pd.notna(r.a_steps) and pd.notna(r.b_steps) and min(r.a_steps, r.b_steps) >= 2
-        low, high, _ = welch_interval(r.a_ms_per_step, r.a_sd_ms, int(r.a_steps), r.b_ms_per_step, r.b_sd_ms,
-                                      int(r.b_steps)) if known else (None, None, None)
-        lows.append(low)
-        highs.append(high)
+        known = spreads and pd.notna(r.a_steps) and pd.notna(r.b_steps)
+        v = compare_means(float(r.a_ms_per_step), _finite(r.a_sd_ms), int(r.a_steps), float(r.b_ms_per_step),
+                          _finite(r.b_sd_ms), int(r.b_steps), spread=spread) if known else None
+        inside = v is not None and v.ci_low is not None
+        lows.append(v.ci_low * v.median_a if inside else None)  # (compare_means: the means)
+        highs.append(v.ci_high * v.median_a if inside else None)
+        noise.append(inside and v.verdict == WITHIN_NOISE)
     rows["low"], rows["high"] = pd.array(lows, dtype="Float64"), pd.array(highs, dtype="Float64")
-    rows["noise"] = [bool(lo <= 0 <= hi) if pd.notna(lo) else False for lo, hi in zip(rows["low"], rows["high"])]
+    rows["noise"] = noise
     rows["label"] = [f"{d:+,.3f} ms" + (" (noise)" if n else "") for d, n in zip(rows["delta_ms"], rows["noise"])]
     return rows
+
+
+def _finite(x) -> float | None:
+    return float(x) if x is not None and not pd.isna(x) else None
 
 
 def change_chart(rows: pd.DataFrame) -> alt.LayerChart:
     """Signed bars of change_rows' ms from zero (a change of 0.01 ms is as visible as its share
     of the largest), each labelled with its value: red slower, green faster, the step grey; a
-    black whisker spans each category's 95 % interval, and a change whose interval holds 0 is
-    drawn pale."""
+    black whisker spans each category's 95 % interval, and a change within noise is drawn pale."""
     order = rows["part"].tolist()
     rows = rows.assign(shade=[("noise" if n else k) for k, n in zip(rows["kind"], rows["noise"])],
                        low=rows["low"].astype(float), high=rows["high"].astype(float))

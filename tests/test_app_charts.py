@@ -4,10 +4,12 @@ fixture database, so the charts are checked on the data they will draw."""
 
 import ast
 import json
+import math
 import subprocess
 
 import pandas as pd
 import pytest
+from scipy.stats import ttest_ind_from_stats
 
 from app import charts
 from app.job_form import FormInput, plan_jobs
@@ -86,14 +88,47 @@ def test_the_change_chart_shows_each_change_from_zero_with_its_value(frames):
     cast = rows.iloc[1]
     assert cast.low < cast.delta_ms < cast.high < 0 and not cast.noise
     assert pd.isna(rows.iloc[0].low)  # the step itself: its verdict is the headline's
+    # the kernels' rule (p < 0.01 by Welch's test, recomputed here with SciPy, and at least 3 %)
+    diff = frames["diff"].set_index("category")
     for r in rows.iloc[1:].itertuples():
-        assert r.noise == (r.low <= 0 <= r.high) and r.label.endswith(" (noise)") == r.noise
+        d = diff.loc[r.part]
+        p = ttest_ind_from_stats(d.b_ms_per_step, d.b_sd_ms, d.b_steps, d.a_ms_per_step, d.a_sd_ms, d.a_steps,
+                                 equal_var=False).pvalue
+        changed = p < 0.01 and abs(d.b_ms_per_step / d.a_ms_per_step - 1) >= 0.03
+        assert r.noise == (not changed), (r.part, p)
+        assert r.label.endswith(" (noise)") == r.noise
+        assert r.low <= r.delta_ms <= r.high
+        if r.noise is False:
+            assert not r.low <= 0 <= r.high  # a change's interval never holds 0
     bars, whiskers, text = charts.change_chart(rows).to_dict()["layer"]
     assert bars["encoding"]["x"]["field"] == "delta_ms" and "scale" not in bars["encoding"]["x"]  # from zero
     assert bars["encoding"]["y"]["sort"] == rows["part"].tolist()
     assert "noise" in bars["encoding"]["color"]["scale"]["domain"]
     assert (whiskers["encoding"]["x"]["field"], whiskers["encoding"]["x2"]["field"]) == ("low", "high")
     assert text["encoding"]["text"]["field"] == "label"
+
+
+def test_a_category_change_inside_the_run_to_run_spread_is_noise_as_a_kernels_would_be(frames):
+    """The bars take the verdict the kernel table takes: with the workload's run-to-run spread
+    known, a change smaller than 3.5 x sqrt 2 of it is within noise even when the two runs'
+    steps alone would call it a change (the gemm bar was solid while its kernels read noise)."""
+    alone = charts.change_rows(frames["diff"]).set_index("part")
+    spread = 0.028  # the samples' measured spread (db.views.get_run_spread: 2.8 %)
+    wide = charts.change_rows(frames["diff"], spread).set_index("part")
+    bound = math.expm1(3.5 * math.sqrt(2) * spread)  # 14.7 %
+    diff = frames["diff"].set_index("category")
+    flipped = 0
+    for part in diff.index:
+        rel = abs(diff.loc[part, "b_ms_per_step"] / diff.loc[part, "a_ms_per_step"] - 1)
+        if not alone.loc[part, "noise"] and rel < bound * 0.99:
+            assert wide.loc[part, "noise"], part
+            flipped += 1
+        if rel > bound * 1.01:
+            assert wide.loc[part, "noise"] == alone.loc[part, "noise"], part
+        # the spread widens the interval, never narrows it
+        assert wide.loc[part, "low"] <= alone.loc[part, "low"] and wide.loc[part, "high"] >= alone.loc[part, "high"]
+    assert not wide.loc["cast", "noise"]  # the cast's -89 % is far beyond any spread
+    assert flipped >= 1  # the fixture holds such a category (else this test would prove nothing)
 
 
 def test_variant_chart_has_a_bar_per_variant_and_commit(frames):

@@ -138,10 +138,11 @@ for change in comparison["changes"].itertuples():
                                 describe_change(change), change.p_value))
 
 st.subheader("What changed in the step time")
-st.altair_chart(charts.change_chart(charts.change_rows(diff)))
+st.altair_chart(charts.change_chart(charts.change_rows(diff, spread["spread"])))
 st.caption(format_markdown(
-    "Change of the mean ms per profiled step, by category (red: slower, green: faster), from run A's {:,.3f} ms "
-    "to run B's {:,.3f} ms; idle is step time in which no kernel ran. Profiled steps run slower than Step ms above.",
+    "Change of the mean ms per profiled step, by category (red: slower, green: faster; pale with its 95 % interval: "
+    "within noise, by the rule the kernels below are judged by), from run A's {:,.3f} ms to run B's {:,.3f} ms; idle "
+    "is step time in which no kernel ran. Profiled steps run slower than Step ms above.",
     float(diff["a_ms_per_step"].sum()), float(diff["b_ms_per_step"].sum())))
 
 st.subheader("Kernels that changed")
