@@ -22,11 +22,6 @@ from .series import (STEP_MS, SERIES_KEY, in_series_sql, same_series_sql, series
 from .store import Store
 
 _SERIES_NAMES = series_columns_sql("r", "p")
-# a kernel whose calls per step are the same and whose ms per step moved by less than this
-# fraction (or less than 1 us) is "same" in a kernel diff
-SAME_WITHIN = 0.05
-
-
 def _one(store: Store, sql: str, params: list) -> dict[str, Any] | None:
     cur = store.con.execute(sql, params)
     row = cur.fetchone()
@@ -282,11 +277,11 @@ def get_category_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd
     return out.loc[order].reset_index(drop=True)
 
 
-def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
-                    same_within: float = SAME_WITHIN) -> pd.DataFrame:
-    """Kernels of two runs matched by name and launcher op (summed over source lines): added,
-    removed, changed or same, with calls/step, ms/step and share on each side, sorted by
-    |change in ms per step|."""
+def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.DataFrame:
+    """Kernels of two runs matched by name and launcher op (summed over source lines): `change`
+    is added, removed or both (whether a kernel in both changed is a verdict against noise:
+    app/changes.classify_kernel_diff), with calls/step, ms/step, their step-to-step sd and share
+    on each side, sorted by |change in ms per step|."""
     # a kernel's rows of several source lines are summed; their step-to-step spreads are added
     # as independent (the root of the summed variances): an approximation, said in the page
     side = ("SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
@@ -303,11 +298,9 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0,
         "   coalesce(b.ms_per_step, 0) - coalesce(a.ms_per_step, 0) AS delta_ms_per_step"
         "  FROM a FULL OUTER JOIN b ON a.name = b.name AND a.launcher = b.launcher)"
         " SELECT CASE WHEN a_ms_per_step IS NULL THEN 'added' WHEN b_ms_per_step IS NULL THEN 'removed'"
-        "   WHEN a_calls_per_step = b_calls_per_step"
-        "    AND abs(delta_ms_per_step) <= greatest(? * a_ms_per_step, 0.001) THEN 'same'"
-        "   ELSE 'changed' END AS change, *"
+        "   ELSE 'both' END AS change, *"
         " FROM j ORDER BY abs(delta_ms_per_step) DESC, name, launcher",
-        [run_a, rank, run_b, rank, run_a, run_b, same_within],
+        [run_a, rank, run_b, rank, run_a, run_b],
     ).df()
 
 
