@@ -121,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--rank", type=int, default=None,
                      help="which rank's kernels (default: the run's first rank, e.g. the only one of a single trace)")
     rep.add_argument("--top", type=_positive_int, default=15, help="kernels in the table (default 15)")
+
+    exp = sub.add_parser("export", help="write runs and their history as Parquet files, for `merge`")
+    exp.add_argument("--db", default=DEFAULT_DB)
+    exp.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    exp.add_argument("--repo", metavar="NAME", help="only this repository's commits and runs")
+
+    mrg = sub.add_parser("merge", help="add an export's runs to the database (runs already here are skipped)")
+    mrg.add_argument("directory", metavar="DIR", help="a directory written by `python -m ingest export`")
+    mrg.add_argument("--db", default=DEFAULT_DB)
     return p
 
 
@@ -155,7 +164,8 @@ def _add_spec_arguments(p: argparse.ArgumentParser, with_repo: bool = True) -> N
 COMMANDS = {"import": ("commands", "run_import"), "report": ("report", "run_report"), "run": ("commands", "run_run"),
             "worker": ("commands", "run_worker_cmd"), "backfill": ("commands", "run_backfill"),
             "jobs": ("commands", "run_jobs"), "cancel": ("commands", "run_cancel"),
-            "check": ("commands", "run_check"), "samples": ("commands", "run_samples")}
+            "check": ("commands", "run_check"), "samples": ("commands", "run_samples"),
+            "export": ("commands", "run_export"), "merge": ("commands", "run_merge")}
 
 
 def main(argv: list[str] | None = None, db_thread: DatabaseThread | None = None) -> int:

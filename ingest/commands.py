@@ -285,3 +285,32 @@ def run_import(args) -> int:
           f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
     print(run_id)
     return 0
+
+
+def run_export(args) -> int:
+    from db.exchange import export_history, is_schema_current
+
+    with open_db(args.db, read_only=True) as store:  # pages keep reading meanwhile
+        current = is_schema_current(store)
+    if not current:
+        open_db(args.db).close()  # an older file: migrated first, as every writer does
+    with open_db(args.db, read_only=True) as store:
+        manifest = export_history(store, args.out, repo=args.repo)
+    rows = {table: entry["rows"] for table, entry in manifest["tables"].items()}
+    print(f"exported {rows['runs']} runs ({rows['commits']} commits, {rows['repos']} repos) from {args.db} "
+          f"to {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_merge(args) -> int:
+    from db.exchange import merge_history, read_history
+
+    from .runs.track import follow_series
+
+    history = read_history(args.directory)  # every file checked before the database is opened
+    with open_db(args.db) as store:
+        result = merge_history(store, history)
+    changes = sum(len(follow_series(args.db, series)) for series in result.series)  # as after a job
+    print(f"merged {args.directory} into {args.db}: {result.describe()}; changes detected again in "
+          f"{len(result.series)} series ({changes} confirmed)", file=sys.stderr)
+    return 0

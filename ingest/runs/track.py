@@ -221,3 +221,20 @@ def _read_series_of_run(db_path: str, run_id: int):
 def _write_changes(db_path: str, series: dict, rows: list[dict]) -> None:
     with open_db(db_path) as store:
         replace_changes(store, series, rows)
+
+
+def follow_series(db_path: str, series: dict, db_call: Callable | None = None) -> list[dict]:
+    """follow_run for one series named as list_tracked_series names it (a series that `ingest
+    merge` added runs to, or whose commit order it learnt): read, detect with no connection open,
+    write. Returns the stored rows."""
+    call = db_call or (lambda fn, *args: fn(*args))
+    data = call(_read_series, db_path, series)
+    rows = run_as_batch(detect_series_changes, data)
+    call(_write_changes, db_path, series, rows)
+    stored = stored_series(series)
+    return [{**stored, **r} for r in rows]
+
+
+def _read_series(db_path: str, series: dict) -> SeriesData | None:
+    with open_db(db_path) as store:  # not read-only: as _read_series_of_run
+        return load_series(store, series)

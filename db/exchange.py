@@ -1,0 +1,428 @@
+"""History a team can share: runs moved between databases as a directory of Parquet files.
+
+`export_history` writes one Parquet file a table and a `manifest.json` (written last, so a
+directory without one is an export that did not finish):
+
+    {"format": "stepwatch-history", "version": 1, "schema_version": 9, "repo": null,
+     "tables": {"runs": {"rows": 23, "sha256": "..."}, ...}, "not_included": {...}}
+
+`merge_history` adds such a directory to a database in one transaction; a merge of the same
+directory again adds nothing. Everything about the format lives here, with a version number, as
+kernels/bundle.py keeps the bundle's.
+
+What travels (TABLES): repos, commits, runs (with their bundle references, `source_path` and
+`manifest`, as they were recorded: a path on the machine that imported the run), steps,
+step_categories, kernel_stats and rank_stats. What does not: `jobs` (a worker's local queue;
+a run's `job_id` names a job of that queue, so it is left out and merged runs have none),
+`changes` (derived: `python -m ingest merge` detects the changes of every series that the merge
+touched again, as the worker does after a job), and `schema_migrations` (the manifest keeps the
+schema version instead).
+
+Identity. A repo is its name; a commit its (repo name, sha); a run its `content_hash` (the trace's
+bytes). Ids are each database's own: a new repo, commit or run gets a fresh id and every child
+row is re-keyed. A run already present is skipped whole (its rows here win) and counted. A commit
+present on both sides keeps the facts it has (date, author, subject) and takes the ones it lacks.
+
+First-parent order (`seq`). A commit's seq is its place on its repo's first-parent chain (`git
+rev-list --first-parent --count`), a property of the commit, so two databases of one repo agree
+on it for every commit both know. A commit new here takes the source's seq, a commit here without
+one takes it, and a seq here is never changed. Where the two disagree on a commit both know (a
+shallow clone counted from elsewhere, rewritten history, two repositories under one name), their
+numberings cannot be mixed: no seq is taken from the source for that repo (its new commits come
+without one and sort after the numbered ones, by date), and the merge reports the repo.
+
+A newer format version, or a schema version newer than this stepwatch's, is refused. A
+migration that adds a column to one of these tables makes a version 2 of the format; a reader
+of version 2 keeps reading version 1 (tests/test_exchange.py fails until TABLES follows the
+migrations). Bad input (a missing file, a changed or corrupt one, columns that do not match,
+rows that name ids the export does not hold) is an ExchangeError naming the file and the field;
+the transaction is rolled back and the database is left as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .common import StoreError
+from .series import series_columns_sql
+from .store import Store, _migration_files
+
+FORMAT = "stepwatch-history"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+# Each table that travels, its columns and their DuckDB types in the order of the migrations
+# (001-009). JSON columns travel as JSON text (Parquet strings).
+TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "repos": (("repo_id", "INTEGER"), ("name", "VARCHAR"), ("url", "VARCHAR")),
+    "commits": (("commit_id", "INTEGER"), ("repo_id", "INTEGER"), ("sha", "VARCHAR"), ("committed_at", "TIMESTAMP"),
+                ("author", "VARCHAR"), ("subject", "VARCHAR"), ("seq", "INTEGER")),
+    "runs": (("run_id", "INTEGER"), ("content_hash", "VARCHAR"), ("repo_id", "INTEGER"), ("commit_id", "INTEGER"),
+             ("variant", "VARCHAR"), ("engine", "VARCHAR"), ("workload", "JSON"), ("device_name", "VARCHAR"),
+             ("peak_gbps", "DOUBLE"), ("ranks", "INTEGER"), ("steps", "INTEGER"), ("step_method", "VARCHAR"),
+             ("step_ms_median", "DOUBLE"), ("tok_per_s", "DOUBLE"), ("layers", "INTEGER"), ("copy_share", "DOUBLE"),
+             ("gpu_busy_share", "DOUBLE"), ("kernel_us_total", "DOUBLE"), ("kernels_from_cpu_ops", "BOOLEAN"),
+             ("source_path", "VARCHAR"), ("manifest", "JSON"), ("imported_at", "TIMESTAMP"),
+             ("workload_key", "VARCHAR"), ("batch_size", "INTEGER"), ("timing_ms_median", "DOUBLE"),
+             ("timing_ms_p10", "DOUBLE"), ("timing_ms_p90", "DOUBLE"), ("diagnosis", "JSON"), ("notes", "JSON")),
+    "steps": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("wall_us", "DOUBLE"),
+              ("gpu_busy_us", "DOUBLE"), ("kernel_us", "DOUBLE")),
+    "step_categories": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("category", "VARCHAR"),
+                        ("dur_us", "DOUBLE")),
+    "kernel_stats": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("name", "VARCHAR"), ("category", "VARCHAR"),
+                     ("launcher", "VARCHAR"), ("source", "VARCHAR"), ("calls", "BIGINT"),
+                     ("calls_per_step", "DOUBLE"), ("total_us", "DOUBLE"), ("mean_us", "DOUBLE"),
+                     ("median_us", "DOUBLE"), ("p90_us", "DOUBLE"), ("min_us", "DOUBLE"), ("max_us", "DOUBLE"),
+                     ("ms_per_step", "DOUBLE"), ("share", "DOUBLE"), ("bytes_per_call", "DOUBLE"),
+                     ("gbps", "DOUBLE"), ("peak_fraction", "DOUBLE"), ("ms_per_step_sd", "DOUBLE")),
+    "rank_stats": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("device_name", "VARCHAR"), ("steps", "INTEGER"),
+                   ("step_ms_median", "DOUBLE"), ("busy_ms_median", "DOUBLE"), ("comm_ms_median", "DOUBLE"),
+                   ("wait_ms_median", "DOUBLE"), ("last_arrivals", "INTEGER"), ("collectives", "INTEGER"),
+                   ("between_steps_ms", "DOUBLE")),
+}
+RUN_TABLES = ("steps", "step_categories", "kernel_stats", "rank_stats")  # one run's rows, keyed by run_id
+LOCAL_COLUMNS = {"runs": ("job_id",)}  # columns of these tables that stay in their database
+NOT_INCLUDED = {"jobs": "a worker's local queue (and runs.job_id, which names its jobs)",
+                "changes": "derived: `python -m ingest merge` detects them again for the series it touched",
+                "schema_migrations": "the manifest's schema_version"}
+# How a DuckDB type reads back from its Parquet column (pyarrow's names)
+_PARQUET_TYPES = {"INTEGER": "int32", "BIGINT": "int64", "VARCHAR": "string", "JSON": "string",
+                  "DOUBLE": "double", "BOOLEAN": "bool", "TIMESTAMP": "timestamp[us]"}
+# (table, key columns) that must be unique within an export; (table, column, table it names)
+_UNIQUE = (("repos", "repo_id"), ("repos", "name"), ("commits", "commit_id"), ("commits", "repo_id, sha"),
+           ("runs", "run_id"), ("runs", "content_hash"))
+_NAMES = (("commits", "repo_id", "repos"), ("runs", "repo_id", "repos"), ("runs", "commit_id", "commits"),
+          *((table, "run_id", "runs") for table in RUN_TABLES))
+_ID_OF = {"repos": "repo_id", "commits": "commit_id", "runs": "run_id"}
+_SCHEMA_VERSION = max(version for version, _, _ in _migration_files())  # what open_db brings a database to
+
+
+class ExchangeError(StoreError):
+    """A history directory that cannot be written or merged; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class History:
+    """A checked export directory: its manifest, and one Parquet file a table."""
+
+    directory: Path
+    manifest: dict
+
+    def path(self, table: str) -> str:
+        return str(self.directory / f"{table}.parquet")
+
+
+@dataclass
+class MergeResult:
+    runs_added: int = 0
+    runs_present: int = 0
+    repos_added: int = 0
+    commits_added: int = 0
+    commits_completed: int = 0  # commits here that took facts (date, author, subject, seq) they lacked
+    rows_added: dict[str, int] = field(default_factory=dict)  # per table of RUN_TABLES
+    order_kept: dict[str, int] = field(default_factory=dict)  # repo -> commits whose seq the two disagree on
+    series: list[dict] = field(default_factory=list)  # series (named as pages name them, with variant) touched
+
+    def describe(self) -> str:
+        text = (f"{self.runs_added} runs added, {self.runs_present} already present; {self.commits_added} commits "
+                f"added, {self.commits_completed} completed; {self.repos_added} repos added")
+        for repo, n in sorted(self.order_kept.items()):
+            text += f"; {repo}: first-parent order kept, {n} commits' seq differ in the export (none taken)"
+        return text
+
+
+# -- export ---------------------------------------------------------------------------------
+def _select_sql(table: str) -> str:
+    """SQL: the table's travelling columns (JSON as text) of one repository (? ? : its name, or
+    NULL NULL for all)."""
+    columns = ", ".join(f"CAST({c} AS VARCHAR) AS {c}" if kind == "JSON" else c for c, kind in TABLES[table])
+    of_repo = "(SELECT repo_id FROM repos WHERE name = ?)"
+    where = {"repos": "? IS NULL OR name = ?", "commits": f"? IS NULL OR repo_id = {of_repo}",
+             "runs": f"? IS NULL OR repo_id = {of_repo}"}.get(
+        table, f"? IS NULL OR run_id IN (SELECT run_id FROM runs WHERE repo_id = {of_repo})")
+    key = {"repos": "repo_id", "commits": "commit_id", "runs": "run_id", "kernel_stats": "run_id, rank, name"}
+    return f"SELECT {columns} FROM {table} WHERE {where} ORDER BY {key.get(table, 'run_id, rank')}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_schema_current(store: Store) -> bool:
+    """Whether the database has every migration this stepwatch knows (a read-only open migrates nothing)."""
+    return max(store.list_schema_versions(), default=0) >= _SCHEMA_VERSION
+
+
+def export_history(store: Store, out_dir: str | os.PathLike, repo: str | None = None) -> dict:
+    """Write the database's history (of one repository, or all) to `out_dir`, a new or empty
+    directory, in one connection (one consistent state); returns the manifest."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ExchangeError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ExchangeError(f"{out}: directory is not empty; export to a new or empty directory")
+    if not is_schema_current(store):
+        raise ExchangeError(f"{store.path}: schema older than this stepwatch's ({_SCHEMA_VERSION}); "
+                            "open it for writing once to migrate it")
+    if repo is not None and not store.con.execute("SELECT 1 FROM repos WHERE name = ?", [repo]).fetchone():
+        raise ExchangeError(f"{store.path}: no repository named {repo!r}")
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    try:
+        tables = {}
+        for table in TABLES:
+            path = out / f"{table}.parquet"
+            written.append(path)
+            rows = store.con.execute(f"COPY ({_select_sql(table)}) TO ? (FORMAT parquet)",
+                                     [repo, repo, str(path)]).fetchone()[0]
+            tables[table] = {"rows": int(rows), "sha256": _sha256(path)}
+        manifest = {"format": FORMAT, "version": VERSION, "schema_version": max(store.list_schema_versions()),
+                    "repo": repo, "tables": tables, "not_included": NOT_INCLUDED}
+        _write_manifest(out, manifest)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if made:
+            out.rmdir()
+        raise
+    return manifest
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".manifest.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # mkstemp makes it private; an export is meant to be shared
+    with os.fdopen(fd, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, out / MANIFEST_NAME)
+
+
+# -- reading an export ----------------------------------------------------------------------
+def _field(body: dict, key: str, kind: type, where: Path) -> Any:
+    if key not in body:
+        raise ExchangeError(f"{where}: field {key!r} is missing")
+    value = body[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ExchangeError(f"{where}: field {key!r} has type {type(value).__name__}, expected {kind.__name__}")
+    return value
+
+
+def _check_parquet(path: Path, table: str, entry: dict) -> None:
+    """The file is the one the manifest names (sha256), a Parquet file of the format's columns and
+    types, with the manifest's row count."""
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise ExchangeError(f"{path}: missing (the manifest lists table {table!r})")
+    if _sha256(path) != entry["sha256"]:
+        raise ExchangeError(f"{path}: content differs from the manifest's sha256 (corrupt, or changed after export)")
+    try:
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+    except Exception as e:  # pyarrow's errors (ArrowInvalid, OSError) say what is wrong with the file
+        raise ExchangeError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+    got = {f.name: str(f.type) for f in schema}
+    expected = dict(TABLES[table])
+    for name, kind in expected.items():
+        if name not in got:
+            raise ExchangeError(f"{path}: column {name!r} is missing (format version {VERSION})")
+        if got[name] != _PARQUET_TYPES[kind]:
+            raise ExchangeError(f"{path}: column {name!r} has type {got[name]}, expected "
+                                f"{_PARQUET_TYPES[kind]} ({kind})")
+    extra = [name for name in got if name not in expected]
+    if extra:
+        raise ExchangeError(f"{path}: column {extra[0]!r} is not one of table {table}'s (format version {VERSION})")
+    if meta.num_rows != entry["rows"]:
+        raise ExchangeError(f"{path}: {meta.num_rows} rows, the manifest says {entry['rows']}")
+
+
+def read_history(directory: str | os.PathLike) -> History:
+    """Check an export directory without opening any database: its manifest (format, version,
+    schema version, tables) and every Parquet file it lists."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ExchangeError(f"{directory}: {'not a directory' if directory.exists() else 'no such directory'}")
+    where = directory / MANIFEST_NAME
+    if not where.is_file():
+        raise ExchangeError(f"{where}: missing (not a finished `python -m ingest export` directory)")
+    try:
+        body = json.loads(where.read_bytes())
+    except OSError as e:
+        raise ExchangeError(f"{where}: cannot read ({e.strerror})") from None
+    except (ValueError, RecursionError) as e:
+        raise ExchangeError(f"{where}: not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise ExchangeError(f"{where}: not a JSON object")
+    if _field(body, "format", str, where) != FORMAT:
+        raise ExchangeError(f"{where}: field 'format' is {body['format']!r}, expected {FORMAT!r}")
+    if _field(body, "version", int, where) != VERSION:
+        raise ExchangeError(f"{where}: field 'version' is {body['version']}; this stepwatch reads version {VERSION}")
+    schema = _field(body, "schema_version", int, where)
+    if schema > _SCHEMA_VERSION:
+        raise ExchangeError(f"{where}: field 'schema_version' is {schema}, newer than this database's schema "
+                            f"({_SCHEMA_VERSION}): it needs a newer stepwatch")
+    tables = _field(body, "tables", dict, where)
+    if sorted(tables) != sorted(TABLES):
+        missing = sorted(set(TABLES) - set(tables))
+        problem = f"lacks table {missing[0]!r}" if missing else f"has table {sorted(set(tables) - set(TABLES))[0]!r}"
+        raise ExchangeError(f"{where}: field 'tables' {problem} (format version {VERSION})")
+    for table in TABLES:
+        entry = _field(tables, table, dict, where)
+        rows, digest = _field(entry, "rows", int, where), _field(entry, "sha256", str, where)
+        if rows < 0 or len(digest) != 64:
+            raise ExchangeError(f"{where}: field 'tables.{table}' has a bad row count or sha256")
+    history = History(directory, body)
+    for table in TABLES:
+        _check_parquet(directory / f"{table}.parquet", table, tables[table])
+    return history
+
+
+# -- merge ----------------------------------------------------------------------------------
+def merge_history(store: Store, history: History) -> MergeResult:
+    """Add what the export holds and this database lacks, in one transaction (read_history
+    first). Returns what was added, and the series whose changes must be detected again: those
+    with a new run, or with a run at a commit that took facts it lacked."""
+    con = store.con
+    result = MergeResult()
+    current = str(history.directory)  # the file each statement reads, for its error
+    con.execute("BEGIN TRANSACTION")
+    try:
+        _check_references(con, history)
+        current = history.path("repos")
+        result.repos_added = len(con.execute(
+            "INSERT INTO repos (name, url) SELECT s.name, s.url FROM read_parquet(?) s"
+            " WHERE s.name NOT IN (SELECT name FROM repos) ORDER BY s.repo_id RETURNING repo_id",
+            [current]).fetchall())
+        con.execute("UPDATE repos SET url = s.url FROM read_parquet(?) s"
+                    " WHERE repos.name = s.name AND repos.url IS NULL AND s.url IS NOT NULL", [current])
+        current = history.path("commits")
+        completed = _merge_commits(con, history, result)
+        current = history.path("runs")
+        run_map = _merge_runs(con, history, result)
+        for table in RUN_TABLES:
+            current = history.path(table)
+            names = [c for c, _ in TABLES[table]]
+            result.rows_added[table] = con.execute(
+                f"INSERT INTO {table} ({', '.join(names)}) SELECT m.run_id, {', '.join('s.' + c for c in names[1:])}"
+                " FROM read_parquet(?) s JOIN (SELECT unnest(?::INTEGER[]) AS source_id,"
+                " unnest(?::INTEGER[]) AS run_id) m ON m.source_id = s.run_id",
+                [current, list(run_map), list(run_map.values())]).fetchone()[0]
+        result.series = _touched_series(con, list(run_map.values()), completed)
+        con.execute("COMMIT")
+    except duckdb.Error as e:
+        con.execute("ROLLBACK")
+        raise ExchangeError(f"{current}: {str(e).splitlines()[0]}") from None
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _check_references(con: duckdb.DuckDBPyConnection, history: History) -> None:
+    """Keys unique within the export, and every id a row names held by the table it names."""
+    for table, key in _UNIQUE:
+        row = con.execute(f"SELECT {key} FROM read_parquet(?) GROUP BY ALL HAVING count(*) > 1 LIMIT 1",
+                          [history.path(table)]).fetchone()
+        if row:
+            raise ExchangeError(f"{history.path(table)}: {key} {', '.join(map(str, row))} occurs more than once")
+    for table, column, target in _NAMES:
+        row = con.execute(
+            f"SELECT s.{column} FROM read_parquet(?) s WHERE s.{column} IS NOT NULL"
+            f" AND s.{column} NOT IN (SELECT {_ID_OF[target]} FROM read_parquet(?)) LIMIT 1",
+            [history.path(table), history.path(target)]).fetchone()
+        if row:
+            raise ExchangeError(f"{history.path(table)}: column {column!r} names {row[0]}, "
+                                f"which {target}.parquet does not hold")
+    row = con.execute("SELECT s.run_id FROM read_parquet(?) s JOIN read_parquet(?) c ON c.commit_id = s.commit_id"
+                      " WHERE s.repo_id IS DISTINCT FROM c.repo_id LIMIT 1",
+                      [history.path("runs"), history.path("commits")]).fetchone()
+    if row:
+        raise ExchangeError(f"{history.path('runs')}: run {row[0]}'s commit_id names a commit of another repo_id")
+
+
+# the export's commits with this database's repo ids (every repo is here once repos are merged);
+# parameters: the repo ids here whose seq is not taken, the commits' file, the repos' file
+_SOURCE_COMMITS = ("(SELECT t.repo_id, c.commit_id AS source_id, c.sha, c.committed_at, c.author, c.subject,"
+                   " CASE WHEN list_contains(?::INTEGER[], t.repo_id) THEN NULL ELSE c.seq END AS seq"
+                   " FROM read_parquet(?) c JOIN read_parquet(?) r ON r.repo_id = c.repo_id"
+                   " JOIN repos t ON t.name = r.name)")
+
+
+def _merge_commits(con: duckdb.DuckDBPyConnection, history: History, result: MergeResult) -> list[int]:
+    """Complete the commits both know, add the new ones; returns the ids of the commits here that
+    took facts they lacked (a seq or a date moves them along their series)."""
+    files = [history.path("commits"), history.path("repos")]
+    disagree = con.execute(
+        f"SELECT p.repo_id, p.name, count(*) FROM {_SOURCE_COMMITS} s"
+        " JOIN commits t ON t.repo_id = s.repo_id AND t.sha = s.sha JOIN repos p ON p.repo_id = t.repo_id"
+        " WHERE s.seq <> t.seq GROUP BY ALL ORDER BY p.name", [[]] + files).fetchall()
+    result.order_kept = {name: n for _, name, n in disagree}
+    source = [[repo_id for repo_id, _, _ in disagree]] + files  # those repos' seqs stay this database's alone
+    completed = [commit_id for (commit_id,) in con.execute(
+        "UPDATE commits SET committed_at = coalesce(commits.committed_at, s.committed_at),"
+        " author = coalesce(commits.author, s.author), subject = coalesce(commits.subject, s.subject),"
+        " seq = coalesce(commits.seq, s.seq)"
+        f" FROM {_SOURCE_COMMITS} s WHERE commits.repo_id = s.repo_id AND commits.sha = s.sha"
+        " AND ((commits.committed_at IS NULL AND s.committed_at IS NOT NULL)"
+        " OR (commits.author IS NULL AND s.author IS NOT NULL) OR (commits.subject IS NULL AND s.subject IS NOT NULL)"
+        " OR (commits.seq IS NULL AND s.seq IS NOT NULL)) RETURNING commit_id",
+        source).fetchall()]
+    result.commits_completed = len(completed)
+    result.commits_added = len(con.execute(
+        "INSERT INTO commits (repo_id, sha, committed_at, author, subject, seq)"
+        " SELECT s.repo_id, s.sha, s.committed_at, s.author, s.subject, s.seq"
+        f" FROM {_SOURCE_COMMITS} s WHERE NOT EXISTS"
+        " (SELECT 1 FROM commits t WHERE t.repo_id = s.repo_id AND t.sha = s.sha)"
+        " ORDER BY s.source_id RETURNING commit_id", source).fetchall())
+    return completed
+
+
+def _merge_runs(con: duckdb.DuckDBPyConnection, history: History, result: MergeResult) -> dict[int, int]:
+    """Add the runs whose content hash is new here, with fresh ids in the export's order and
+    their repo and commit ids here; returns {export's run id: run id here}."""
+    runs = history.path("runs")
+    new = [run_id for (run_id,) in con.execute(
+        "SELECT run_id FROM read_parquet(?) WHERE content_hash NOT IN (SELECT content_hash FROM runs)"
+        " ORDER BY run_id", [runs]).fetchall()]
+    result.runs_added, result.runs_present = len(new), history.manifest["tables"]["runs"]["rows"] - len(new)
+    if not new:
+        return {}
+    ids = sorted(i for (i,) in con.execute("SELECT nextval('run_id_seq') FROM range(?)", [len(new)]).fetchall())
+    run_map = dict(zip(new, ids))
+    names = [c for c, _ in TABLES["runs"]]
+    con.execute(
+        f"INSERT INTO runs ({', '.join(names)})"
+        f" SELECT m.run_id, s.content_hash, tr.repo_id, tc.commit_id, {', '.join('s.' + c for c in names[4:])}"
+        " FROM read_parquet(?) s JOIN (SELECT unnest(?::INTEGER[]) AS source_id, unnest(?::INTEGER[]) AS run_id) m"
+        " ON m.source_id = s.run_id"
+        " LEFT JOIN read_parquet(?) sr ON sr.repo_id = s.repo_id LEFT JOIN repos tr ON tr.name = sr.name"
+        " LEFT JOIN read_parquet(?) sc ON sc.commit_id = s.commit_id"
+        " LEFT JOIN commits tc ON tc.repo_id = tr.repo_id AND tc.sha = sc.sha ORDER BY m.run_id",
+        [runs, new, ids, history.path("repos"), history.path("commits")])
+    return run_map
+
+
+def _touched_series(con: duckdb.DuckDBPyConnection, run_ids: list[int], commit_ids: list[int]) -> list[dict]:
+    """Each variant of each series with one of these runs, or a run at one of these commits,
+    named as db.views.get_series_of_run names a run's."""
+    cursor = con.execute(
+        f"SELECT DISTINCT {series_columns_sql('r', 'p')}, coalesce(r.workload_key, '') AS workload_key,"
+        " coalesce(r.variant, '') AS variant FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+        " WHERE r.commit_id IS NOT NULL"
+        " AND (list_contains(?::INTEGER[], r.run_id) OR list_contains(?::INTEGER[], r.commit_id))"
+        " ORDER BY ALL", [run_ids, commit_ids])
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
