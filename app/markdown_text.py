@@ -11,6 +11,8 @@ so every such value goes through here on its way into Markdown and reads literal
 - `format_markdown(template, *values)`: `str.format` over a trusted template, every value
   escaped (`{x:code}` makes it a code span); the way pages build Markdown from data.
 - `format_markdown_list(sentences)`: sentences as a bulleted list, each escaped as above.
+- `format_findings(findings)`, `format_pattern_findings(findings)`: a run's diagnosis and its
+  pattern catalog findings as bulleted lists.
 
 Each returns `Markdown`, a str that `format_markdown` inserts as it is (already safe); numbers
 and dates are inserted as their format spec writes them.
@@ -145,4 +147,15 @@ def format_findings(findings) -> Markdown:
         lines.append(f"- {escape_markdown_keeping_code(summary)}")
         lines += [f"  - {escape_markdown_keeping_code(t)}" for t in details if t not in shared]
     lines += [f"- {escape_markdown_keeping_code(t)} (The same for all {len(groups)} kernels above.)" for t in shared]
+    return Markdown("\n".join(lines))
+
+
+def format_pattern_findings(findings) -> Markdown:
+    """The pattern catalog's findings stored at import ({pattern, text, ms_per_step, ...}) as a
+    Markdown list, each led by its pattern's id and the milliseconds per step at stake."""
+    lines = []
+    for f in findings:
+        more = f" ({f['more_kernels']} more kernels match.)" if f.get("more_kernels") else ""
+        lines.append(format_markdown("- **{}** · {:.3f} ms per step at stake: ", f["pattern"], f["ms_per_step"])
+                     + escape_markdown_keeping_code(f["text"] + more))
     return Markdown("\n".join(lines))

@@ -56,11 +56,12 @@ from .series import series_columns_sql
 from .store import Store, _migration_files
 
 FORMAT = "stepwatch-history"
-VERSION = 1
+VERSION = 2  # 2: runs.timeline, consistency, patterns and kernel_stats.input_dtypes (migration 010)
+READS = (1, 2)  # versions this stepwatch merges; an older version's missing columns arrive as NULL
 MANIFEST_NAME = "manifest.json"
 
 # Each table that travels, its columns and their DuckDB types in the order of the migrations
-# (001-009). JSON columns travel as JSON text (Parquet strings).
+# (001-010). JSON columns travel as JSON text (Parquet strings).
 TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "repos": (("repo_id", "INTEGER"), ("name", "VARCHAR"), ("url", "VARCHAR")),
     "commits": (("commit_id", "INTEGER"), ("repo_id", "INTEGER"), ("sha", "VARCHAR"), ("committed_at", "TIMESTAMP"),
@@ -72,7 +73,8 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
              ("gpu_busy_share", "DOUBLE"), ("kernel_us_total", "DOUBLE"), ("kernels_from_cpu_ops", "BOOLEAN"),
              ("source_path", "VARCHAR"), ("manifest", "JSON"), ("imported_at", "TIMESTAMP"),
              ("workload_key", "VARCHAR"), ("batch_size", "INTEGER"), ("timing_ms_median", "DOUBLE"),
-             ("timing_ms_p10", "DOUBLE"), ("timing_ms_p90", "DOUBLE"), ("diagnosis", "JSON"), ("notes", "JSON")),
+             ("timing_ms_p10", "DOUBLE"), ("timing_ms_p90", "DOUBLE"), ("diagnosis", "JSON"), ("notes", "JSON"),
+             ("timeline", "JSON"), ("consistency", "JSON"), ("patterns", "JSON")),
     "steps": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("wall_us", "DOUBLE"),
               ("gpu_busy_us", "DOUBLE"), ("kernel_us", "DOUBLE")),
     "step_categories": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("category", "VARCHAR"),
@@ -82,12 +84,22 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
                      ("calls_per_step", "DOUBLE"), ("total_us", "DOUBLE"), ("mean_us", "DOUBLE"),
                      ("median_us", "DOUBLE"), ("p90_us", "DOUBLE"), ("min_us", "DOUBLE"), ("max_us", "DOUBLE"),
                      ("ms_per_step", "DOUBLE"), ("share", "DOUBLE"), ("bytes_per_call", "DOUBLE"),
-                     ("gbps", "DOUBLE"), ("peak_fraction", "DOUBLE"), ("ms_per_step_sd", "DOUBLE")),
+                     ("gbps", "DOUBLE"), ("peak_fraction", "DOUBLE"), ("ms_per_step_sd", "DOUBLE"),
+                     ("input_dtypes", "VARCHAR")),
     "rank_stats": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("device_name", "VARCHAR"), ("steps", "INTEGER"),
                    ("step_ms_median", "DOUBLE"), ("busy_ms_median", "DOUBLE"), ("comm_ms_median", "DOUBLE"),
                    ("wait_ms_median", "DOUBLE"), ("last_arrivals", "INTEGER"), ("collectives", "INTEGER"),
                    ("between_steps_ms", "DOUBLE")),
 }
+ADDED_IN = {2: {"runs": ("timeline", "consistency", "patterns"), "kernel_stats": ("input_dtypes",)}}
+
+
+def format_columns(table: str, version: int = VERSION) -> tuple[tuple[str, str], ...]:
+    """The table's columns in an export of format `version` (TABLES less what later versions added)."""
+    later = {c for v, added in ADDED_IN.items() if v > version for c in added.get(table, ())}
+    return tuple(col for col in TABLES[table] if col[0] not in later)
+
+
 RUN_TABLES = ("steps", "step_categories", "kernel_stats", "rank_stats")  # one run's rows, keyed by run_id
 LOCAL_COLUMNS = {"runs": ("job_id",)}  # columns of these tables that stay in their database
 NOT_INCLUDED = {"jobs": "a worker's local queue (and runs.job_id, which names its jobs)",
@@ -118,6 +130,10 @@ class History:
 
     def path(self, table: str) -> str:
         return str(self.directory / f"{table}.parquet")
+
+    @property
+    def version(self) -> int:
+        return self.manifest["version"]
 
 
 @dataclass
@@ -220,7 +236,7 @@ def _field(body: dict, key: str, kind: type, where: Path) -> Any:
     return value
 
 
-def _check_parquet(path: Path, table: str, entry: dict) -> None:
+def _check_parquet(path: Path, table: str, entry: dict, version: int) -> None:
     """The file is the one the manifest names (sha256), a Parquet file of the format's columns and
     types, with the manifest's row count."""
     import pyarrow.parquet as pq
@@ -235,16 +251,16 @@ def _check_parquet(path: Path, table: str, entry: dict) -> None:
     except Exception as e:  # pyarrow's errors (ArrowInvalid, OSError) say what is wrong with the file
         raise ExchangeError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
     got = {f.name: str(f.type) for f in schema}
-    expected = dict(TABLES[table])
+    expected = dict(format_columns(table, version))
     for name, kind in expected.items():
         if name not in got:
-            raise ExchangeError(f"{path}: column {name!r} is missing (format version {VERSION})")
+            raise ExchangeError(f"{path}: column {name!r} is missing (format version {version})")
         if got[name] != _PARQUET_TYPES[kind]:
             raise ExchangeError(f"{path}: column {name!r} has type {got[name]}, expected "
                                 f"{_PARQUET_TYPES[kind]} ({kind})")
     extra = [name for name in got if name not in expected]
     if extra:
-        raise ExchangeError(f"{path}: column {extra[0]!r} is not one of table {table}'s (format version {VERSION})")
+        raise ExchangeError(f"{path}: column {extra[0]!r} is not one of table {table}'s (format version {version})")
     if meta.num_rows != entry["rows"]:
         raise ExchangeError(f"{path}: {meta.num_rows} rows, the manifest says {entry['rows']}")
 
@@ -268,8 +284,9 @@ def read_history(directory: str | os.PathLike) -> History:
         raise ExchangeError(f"{where}: not a JSON object")
     if _field(body, "format", str, where) != FORMAT:
         raise ExchangeError(f"{where}: field 'format' is {body['format']!r}, expected {FORMAT!r}")
-    if _field(body, "version", int, where) != VERSION:
-        raise ExchangeError(f"{where}: field 'version' is {body['version']}; this stepwatch reads version {VERSION}")
+    if _field(body, "version", int, where) not in READS:
+        raise ExchangeError(f"{where}: field 'version' is {body['version']}; this stepwatch reads versions "
+                            f"{', '.join(map(str, READS))}")
     schema = _field(body, "schema_version", int, where)
     if schema > _SCHEMA_VERSION:
         raise ExchangeError(f"{where}: field 'schema_version' is {schema}, newer than this database's schema "
@@ -286,7 +303,7 @@ def read_history(directory: str | os.PathLike) -> History:
             raise ExchangeError(f"{where}: field 'tables.{table}' has a bad row count or sha256")
     history = History(directory, body)
     for table in TABLES:
-        _check_parquet(directory / f"{table}.parquet", table, tables[table])
+        _check_parquet(directory / f"{table}.parquet", table, tables[table], body["version"])
     return history
 
 
@@ -314,7 +331,7 @@ def merge_history(store: Store, history: History) -> MergeResult:
         run_map = _merge_runs(con, history, result)
         for table in RUN_TABLES:
             current = history.path(table)
-            names = [c for c, _ in TABLES[table]]
+            names = [c for c, _ in format_columns(table, history.version)]
             result.rows_added[table] = con.execute(
                 f"INSERT INTO {table} ({', '.join(names)}) SELECT m.run_id, {', '.join('s.' + c for c in names[1:])}"
                 " FROM read_parquet(?) s JOIN (SELECT unnest(?::INTEGER[]) AS source_id,"
@@ -402,7 +419,7 @@ def _merge_runs(con: duckdb.DuckDBPyConnection, history: History, result: MergeR
         return {}
     ids = sorted(i for (i,) in con.execute("SELECT nextval('run_id_seq') FROM range(?)", [len(new)]).fetchall())
     run_map = dict(zip(new, ids))
-    names = [c for c, _ in TABLES["runs"]]
+    names = [c for c, _ in format_columns("runs", history.version)]
     con.execute(
         f"INSERT INTO runs ({', '.join(names)})"
         f" SELECT m.run_id, s.content_hash, tr.repo_id, tc.commit_id, {', '.join('s.' + c for c in names[4:])}"

@@ -66,6 +66,9 @@ class RunRecord:
     diagnosis: list | None = None
     notes: list | None = None  # sentences a reader of the figures must know (step method, anomalies)
     rank_stats: pd.DataFrame | None = None  # rank, device_name, steps, step_ms_median, busy/comm/wait ms per step, ...
+    timeline: dict | None = None  # the first rank's GPU timeline figures (ingest/traces/timeline.py)
+    consistency: dict | None = None  # do the figures agree (ingest/regress/consistency.py)
+    patterns: dict | None = None  # the pattern catalog's findings (ingest/regress/patterns.py)
 
 
 RunTables = dict  # "steps", "cats", "kernels" and maybe "ranks": Arrow tables of a RunRecord's frames
@@ -83,6 +86,8 @@ def run_tables(rec: RunRecord) -> RunTables:
     kernels = rec.kernel_stats
     if "ms_per_step_sd" not in kernels.columns:  # a record made without per-step spreads (tests, old readers)
         kernels = kernels.assign(ms_per_step_sd=float("nan"))
+    if "input_dtypes" not in kernels.columns:  # ... or without input dtypes
+        kernels = kernels.assign(input_dtypes="")
     tables = {"steps": arrow(rec.step_table), "cats": arrow(rec.step_categories), "kernels": arrow(kernels)}
     if rec.rank_stats is not None and len(rec.rank_stats):
         tables["ranks"] = arrow(rec.rank_stats)
@@ -256,8 +261,8 @@ class Store:
                 " device_name, peak_gbps, ranks, steps, step_method, step_ms_median, tok_per_s,"
                 " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
                 " source_path, manifest, workload_key, batch_size, timing_ms_median, timing_ms_p10,"
-                " timing_ms_p90, job_id, diagnosis, notes)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " timing_ms_p90, job_id, diagnosis, notes, timeline, consistency, patterns)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " RETURNING run_id",
                 [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
                  json.dumps(rec.workload) if rec.workload is not None else None,
@@ -268,7 +273,8 @@ class Store:
                  rec.workload_key, rec.batch_size, rec.timing_ms_median, rec.timing_ms_p10,
                  rec.timing_ms_p90, rec.job_id,
                  json.dumps(rec.diagnosis) if rec.diagnosis is not None else None,
-                 json.dumps(rec.notes) if rec.notes else None],
+                 json.dumps(rec.notes) if rec.notes else None,
+                 *(json.dumps(v) if v is not None else None for v in (rec.timeline, rec.consistency, rec.patterns))],
             ).fetchone()[0]
             for name, table in tables.items():
                 con.register(f"new_{name}", table)
@@ -284,14 +290,14 @@ class Store:
                 con.execute(
                     "INSERT INTO kernel_stats (run_id, rank, name, category, launcher, source, calls,"
                     " calls_per_step, total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
-                    " share, bytes_per_call, gbps, peak_fraction, ms_per_step_sd)"
+                    " share, bytes_per_call, gbps, peak_fraction, ms_per_step_sd, input_dtypes)"
                     " SELECT ?, rank, name, category, launcher, source, calls, calls_per_step,"
                     " total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
                     " CASE WHEN isnan(share) THEN NULL ELSE share END,"
                     " CASE WHEN isnan(bytes_per_call) THEN NULL ELSE bytes_per_call END,"
                     " CASE WHEN isnan(gbps) THEN NULL ELSE gbps END,"
                     " CASE WHEN isnan(peak_fraction) THEN NULL ELSE peak_fraction END,"
-                    " CASE WHEN isnan(ms_per_step_sd) THEN NULL ELSE ms_per_step_sd END"
+                    " CASE WHEN isnan(ms_per_step_sd) THEN NULL ELSE ms_per_step_sd END, input_dtypes"
                     " FROM new_kernels", [run_id]
                 )
                 if "ranks" in tables:
@@ -325,7 +331,8 @@ class Store:
         }
 
     # a run's row with its commit's facts and the names of its series (missing names as '', as
-    # pages name a series: db.series), its bundle's trace file names, diagnosis and notes
+    # pages name a series: db.series), its bundle's trace file names, diagnosis and notes, and what
+    # the import checked (timeline figures, consistency, patterns)
     _RUN_SELECT = (
         f"SELECT r.run_id, {series_columns_sql('r', 'p')}, coalesce(r.variant, '') AS variant, r.workload,"
         " r.workload_key, c.sha, c.subject, c.author, c.committed_at, r.batch_size, r.peak_gbps, r.ranks,"
@@ -333,7 +340,8 @@ class Store:
         f" {STEP_MS} AS step_ms,"
         " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
         " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
-        " r.diagnosis, r.notes, (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
+        " r.diagnosis, r.notes, r.timeline, r.consistency, r.patterns,"
+        " (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
         " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id LEFT JOIN commits c ON c.commit_id = r.commit_id")
 
     @staticmethod
@@ -342,7 +350,8 @@ class Store:
         runs = []
         for row in cursor.fetchall():
             run = dict(zip(names, row))
-            for field, empty in (("workload", None), ("trace_files", None), ("diagnosis", []), ("notes", [])):
+            for field, empty in (("workload", None), ("trace_files", None), ("diagnosis", []), ("notes", []),
+                                 ("timeline", None), ("consistency", None), ("patterns", None)):
                 run[field] = json.loads(run[field]) if run[field] else empty
             runs.append(run)
         return runs
@@ -352,8 +361,9 @@ class Store:
         untimed median when the bundle has one, else the profiled one), its commit's facts (sha,
         subject, author, committed_at; None without a commit), its series' `workload_id`, its
         bundle's `trace_files` (None for a plain trace), its `diagnosis` (the {kind, text,
-        numbers, kernel} stored at import; [] when none was), `notes` and `kernel_rows`. None
-        when there is no such run (or no run id)."""
+        numbers, kernel} stored at import; [] when none was), `notes`, `kernel_rows`, and what the
+        import checked: `timeline` (figures), `consistency` and `patterns` (None for runs imported
+        before these were). None when there is no such run (or no run id)."""
         if run_id is None:
             return None
         runs = self._run_rows(self.con.execute(self._RUN_SELECT + " WHERE r.run_id = ?", [run_id]))
@@ -392,13 +402,14 @@ class Store:
     # the kernel table's columns: first those the Run page shows, in its order (app/tables.py)
     _KERNEL_COLUMNS = ("name, category, calls_per_step, mean_us, ms_per_step, share, gbps, peak_fraction,"
                        " launcher, source, calls, median_us, p90_us, bytes_per_call, total_us, min_us, max_us,"
-                       " ms_per_step_sd")
+                       " ms_per_step_sd, input_dtypes")
 
     def list_kernels(self, run_id: int, rank: int = 0, records: bool = False) -> "pd.DataFrame | list[dict]":
         """The run's kernels on one rank, the most time first: calls, time per call and per step,
         share of all kernel time, bytes per call, GB/s and fraction of peak where bytes are known
-        (NULL elsewhere), the launching op and source line ('' when unknown), and the step-to-step
-        sd of ms per step. With `records`, a list of dicts (no pandas: what `ingest report` reads)."""
+        (NULL elsewhere), the launching op and source line ('' when unknown), the step-to-step
+        sd of ms per step, and the launching ops' input dtypes ('' unknown, NULL before they were
+        kept). With `records`, a list of dicts (no pandas: what `ingest report` reads)."""
         return _result(self.con.execute(
             f"SELECT {self._KERNEL_COLUMNS} FROM kernel_stats WHERE run_id = ? AND rank = ?"
             " ORDER BY total_us DESC, name",

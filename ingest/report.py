@@ -1,4 +1,5 @@
-"""A run's figures as a readable table or as one JSON object (`python -m ingest report`).
+"""A run's figures as a readable table or as one JSON object (`python -m ingest report`): with
+what the import checked, whether its figures agree (consistency) and the pattern catalog's findings.
 
 It loads DuckDB but neither pandas nor NumPy (the store's records form), so that a report
 answers in a fraction of a second (ingest/BENCHMARKS.md, start-up)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from typing import Any
 
 from db.store import Store, open_db
@@ -15,7 +17,8 @@ from db.store import Store, open_db
 from .errors import IngestError
 
 KERNEL_FIELDS = ["name", "category", "launcher", "source", "calls", "calls_per_step", "total_us",
-                 "mean_us", "median_us", "ms_per_step", "share", "bytes_per_call", "gbps", "peak_fraction"]
+                 "mean_us", "median_us", "ms_per_step", "share", "bytes_per_call", "gbps", "peak_fraction",
+                 "input_dtypes"]
 
 
 def _clean(value: Any) -> Any:
@@ -52,7 +55,7 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
     cats = store.list_run_categories(run_id, rank, records=True)
     kernels = store.list_kernels(run_id, rank, records=True)
     for k in kernels:  # '' in the table means unknown
-        for f in ("launcher", "source"):
+        for f in ("launcher", "source", "input_dtypes"):
             k[f] = k[f] or None
     # the run row names a missing repo, variant or GPU '' (as pages do); the report says null
     names = {"id": run["run_id"], "repo": run["repo"] or None, "commit": run["sha"], "variant": run["variant"] or None,
@@ -67,6 +70,10 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
         "categories": _records(cats, ["category", "ms_per_step", "share"]),
         "kernels": _records(kernels, KERNEL_FIELDS),
         "per_rank": _records(ranks, RANK_FIELDS) if len(ranks) > 1 else [],
+        # what the import checked, on the run's first rank (None for runs imported before it did)
+        "consistency": run["consistency"],
+        "patterns": run["patterns"],
+        "timeline": run["timeline"],
     }
 
 
@@ -88,6 +95,37 @@ def _short(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _wrapped(text: str, first: str, rest: str = "    ") -> list[str]:
+    return textwrap.wrap(text, 110, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
+def format_consistency(consistency: dict | None) -> list[str]:
+    """'consistency: marked' (or ok) and the sentences of what disagrees, what is noted and what
+    could not be compared."""
+    if consistency is None:
+        return ["consistency: not checked (imported before stepwatch checked it)"]
+    lines = [f"consistency: {'MARKED, the figures disagree' if consistency['marked'] else 'ok'}"]
+    for check in consistency["checks"]:
+        if check["status"] != "ok":
+            lines += _wrapped(check["text"], f"  {'note: ' if check['status'] == 'note' else ''}")
+    for text in consistency["unchecked"]:
+        lines += _wrapped(text, "  not checked: ")
+    return lines
+
+
+def format_patterns(patterns: dict | None) -> list[str]:
+    """The pattern catalog's findings, the most time at stake first, and the patterns not evaluated."""
+    if patterns is None:
+        return ["patterns: not checked"]
+    lines = ["patterns (ms per step at stake)" if patterns["findings"] else "patterns: none found"]
+    for f in patterns["findings"]:
+        more = f" ({f['more_kernels']} more kernels match)" if f.get("more_kernels") else ""
+        lines += _wrapped(f"{f['pattern']}: {f['text']}{more}", f"{f['ms_per_step']:>9.3f}  ", " " * 11)
+    for n in patterns["not_evaluated"]:
+        lines += _wrapped(f"{n['pattern']}: {n['why']}", "  not evaluated: ", " " * 11)
+    return lines
+
+
 def format_report(report: dict, top: int = 15) -> str:
     r = report["run"]
     unit = "CPU op" if r["kernels_from_cpu_ops"] else "kernel"
@@ -96,6 +134,7 @@ def format_report(report: dict, top: int = 15) -> str:
         f"device {r['device'] or '-'}  steps {r['steps']} ({r['step_method']})  rank {r['rank']} of {r['ranks']}",
         f"step {_fmt(r['step_ms_median'], '.3f')} ms (median)  tok/s {_fmt(r['tok_per_s'], '.2f')}"
         f"  copy share {_fmt(report['copy_share'] and 100 * report['copy_share'], '.1f')} %",
+        *format_consistency(report["consistency"]),
         "",
         f"{'category':<14}{'ms/step':>10}{'share':>8}",
     ]
@@ -113,6 +152,7 @@ def format_report(report: dict, top: int = 15) -> str:
         )
     if len(report["kernels"]) > top:
         lines.append(f"... {len(report['kernels']) - top} more (--json for all)")
+    lines += [""] + format_patterns(report["patterns"])
     if report["per_rank"]:
         lines += ["", f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'comm ms':>9} {'wait ms':>9} {'last':>9}"
                       "  (medians over steps; wait: in collectives for the last rank; last: collectives reached last)"]

@@ -1,6 +1,7 @@
 """Helpers shared by the tests: running the CLI as a user would, hashing files, waiting for a
-state, comparing a run's kernels with torch's key_averages(), and the config of a host reached
-through the test sshd."""
+state, comparing a run's kernels with torch's key_averages(), the config of a host reached
+through the test sshd, and plain-Python arithmetic on a trace's JSON (its steps' kernels, their
+busy time) that tests check stepwatch's figures against."""
 
 from __future__ import annotations
 
@@ -70,3 +71,54 @@ def assert_matches_torch(kernel_stats, expected: dict[str, dict]) -> None:
     for name, row in got.iterrows():
         assert row.calls == expected[name]["count"], name
         assert row.total_us == pytest.approx(expected[name]["self_device_time_total_us"], rel=5e-3), name
+
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def trace_events(path: Path) -> list[dict]:
+    """A trace's events, read with the json module (.json or .json.gz)."""
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)["traceEvents"]
+
+
+def union_us(intervals) -> float:
+    """Length of the union of (start, end) intervals."""
+    busy, reach = 0.0, -float("inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
+def span_step_kernels(path: Path, prefix: str = "step[DECODE") -> list[list[dict]]:
+    """Per step span (Kineto's GPU copy of each `step[DECODE ...]` span, in time order), the GPU
+    activities that start inside it."""
+    events = trace_events(path)
+    kernels = [e for e in events if e.get("cat") in GPU_CATEGORIES]
+    spans = sorted((e for e in events if e.get("cat") == "gpu_user_annotation" and e["name"].startswith(prefix)),
+                   key=lambda e: e["ts"])
+    return [[k for k in kernels if s["ts"] <= k["ts"] < s["ts"] + s["dur"]] for s in spans]
+
+
+def bundle_step_kernels(bundle: Path) -> list[list[dict]]:
+    """A bundle's profiled steps as stepwatch reads them: its GPU activities in time order, split
+    into `profiled_steps` equal runs (the first ones one longer when they do not divide)."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    kernels = sorted((e for e in trace_events(bundle / manifest["traces"][0]) if e.get("cat") in GPU_CATEGORIES),
+                     key=lambda e: e["ts"])
+    size, extra = divmod(len(kernels), manifest["profiled_steps"])
+    steps, at = [], 0
+    for i in range(manifest["profiled_steps"]):
+        steps.append(kernels[at: at + size + (i < extra)])
+        at += len(steps[-1])
+    return steps
+
+
+def step_extent_us(kernels: list[dict]) -> float:
+    return max(k["ts"] + k["dur"] for k in kernels) - min(k["ts"] for k in kernels)
+
+
+def step_busy_us(kernels: list[dict]) -> float:
+    return union_us((k["ts"], k["ts"] + k["dur"]) for k in kernels)

@@ -109,7 +109,7 @@ def test_the_manifest_names_the_format_schema_tables_and_rows(dashboard_db, fixt
     manifest = json.loads((fixture_export / "manifest.json").read_text())
     with open_db(dashboard_db, read_only=True) as store:
         schema = max(store.list_schema_versions())
-    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 1, schema)
+    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 2, schema)
     assert sorted(manifest["tables"]) == sorted(TABLES)
     counts = row_counts(dashboard_db)
     assert {t: e["rows"] for t, e in manifest["tables"].items()} == {t: counts[t] for t in TABLES}
@@ -277,6 +277,25 @@ def test_the_dashboard_reads_the_same_series_trends_runs_and_changes_from_the_me
         assert repr(copy["runs"][content_hash]) == repr(run), run[0]["source_path"]  # repr: NaN as NaN
 
 
+def test_an_export_of_format_version_1_still_merges_its_new_columns_arriving_empty(fixture_export, tmp_path):
+    """Version 2 added the import's checks (runs.timeline, consistency, patterns) and
+    kernel_stats.input_dtypes; an export written before (version 1, without them) merges whole."""
+    old = Path(shutil.copytree(fixture_export, tmp_path / "v1"))
+    _rewrite(old, "runs", "SELECT * EXCLUDE (timeline, consistency, patterns) FROM {src}")
+    _rewrite(old, "kernel_stats", "SELECT * EXCLUDE (input_dtypes) FROM {src}")
+    _set_manifest(old, lambda m: m.update(version=1))
+    result = merge(tmp_path / "m.duckdb", old)
+    assert (result.runs_added, result.rows_added["kernel_stats"]) == (23, 342)
+    with open_db(tmp_path / "m.duckdb", read_only=True) as store:
+        assert store.con.execute("SELECT count(*) FROM runs WHERE timeline IS NULL AND consistency IS NULL"
+                                 " AND patterns IS NULL").fetchone()[0] == 23
+        assert store.con.execute("SELECT count(*) FROM kernel_stats WHERE input_dtypes IS NULL").fetchone()[0] == 342
+    v2 = canonical_export(fixture_export, drop=("timeline", "consistency", "patterns"))
+    merged = canonical_export(export(tmp_path / "m.duckdb", tmp_path / "again"),
+                              drop=("timeline", "consistency", "patterns"))
+    assert merged["runs"] == v2["runs"] and merged["steps"] == v2["steps"]
+
+
 # -- (e) bad input, through the command line ----------------------------------------------------
 def _rewrite(directory: Path, table: str, select: str) -> None:
     """Replace one table's file by `select` over it, and give the manifest its new sha256 and rows
@@ -309,8 +328,8 @@ BAD = {  # case: (how the good export is spoilt, what the one line says)
     "manifest-not-json": (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json: not JSON"),
     "other-format": (lambda d: _set_manifest(d, lambda m: m.update(format="stepwatch-bundle")),
                      "manifest.json: field 'format' is 'stepwatch-bundle', expected 'stepwatch-history'"),
-    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=2)),
-                      "manifest.json: field 'version' is 2; this stepwatch reads version 1"),
+    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=3)),
+                      "manifest.json: field 'version' is 3; this stepwatch reads versions 1, 2"),
     "newer-schema": (lambda d: _set_manifest(d, lambda m: m.update(schema_version=m["schema_version"] + 1)),
                      "newer than this database's schema"),
     "table-left-out": (lambda d: _set_manifest(d, lambda m: m["tables"].pop("rank_stats")),

@@ -87,6 +87,13 @@ def test_shorten_kernel_name():
     assert shorten_kernel_name("void at::native::vectorized_gather_kernel<16, long>(char*, char*)") == \
         "vectorized_gather_kernel"
     assert shorten_kernel_name("_gather_cast_kernel") == "_gather_cast_kernel"
+    # cuBLAS's float32 gemv on the H200 (tests/data/h200/fp32-logits): a return type first, a kernel named `kernel`
+    assert shorten_kernel_name("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, "
+                               "float, float, false, true, false, false, 9, false, cublasGemvParamsEx<int, "
+                               "cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float "
+                               "const>, cublasGemvTensorStridedBatched<float>, float> >(cublasGemvParamsEx<int, "
+                               "cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float "
+                               "const>, cublasGemvTensorStridedBatched<float>, float>)") == "gemvx::kernel"
 
 
 def _long_cast_name() -> str:

@@ -6,7 +6,7 @@ import streamlit.components.v1 as components
 from app import charts, data
 from app.kpis import show_rank_balance, show_run_kpis
 from app.labels import describe_run, describe_workload
-from app.markdown_text import format_findings, format_markdown
+from app.markdown_text import escape_markdown_keeping_code, format_findings, format_markdown, format_pattern_findings
 from app.perfetto import PERFETTO_INLINE_MB, perfetto_button_html
 from app.tables import as_percent, filter_rows, kernel_columns
 from app.traces import download_name, list_trace_files, read_bytes_later
@@ -38,6 +38,13 @@ st.caption(format_markdown(
     steps=run["steps"], method=run["step_method"], at=run["imported_at"]))
 
 show_run_kpis(run)
+checks = run["consistency"] or {"checks": []}
+if checks.get("marked"):
+    st.warning("**These figures disagree.** " + " ".join(
+        escape_markdown_keeping_code(c["text"]) for c in checks["checks"] if c["status"] == "marked"),
+        icon=":material/warning:")
+for check in (c for c in checks["checks"] if c["status"] == "note"):
+    st.caption(escape_markdown_keeping_code(check["text"]))
 if run["kernels_from_cpu_ops"]:
     st.info("This is a CPU-only trace: it has no GPU kernels, so the CPU operators stand in for kernels "
             "below, and GPU busy share does not apply.")
@@ -48,6 +55,17 @@ if run["diagnosis"]:
     st.subheader("Diagnosis")
     st.markdown(format_findings(run["diagnosis"]))
     st.caption("Worked out at import from the kernels that take most of the step (on the first rank).")
+
+patterns = run["patterns"] or {"findings": [], "not_evaluated": []}
+if patterns["findings"]:
+    st.subheader("Patterns")
+    st.markdown(format_pattern_findings(patterns["findings"]))
+if patterns["not_evaluated"]:
+    st.caption(format_markdown("Not evaluated: {}.", "; ".join(f"{n['pattern']}: {n['why']}"
+                                                               for n in patterns["not_evaluated"])))
+if patterns["findings"] or patterns["not_evaluated"]:
+    st.caption("Rules of the pattern catalog (`ingest/regress/patterns.toml`, and `--patterns FILE` at import) "
+               "checked at import on the first rank; the time at stake first.")
 
 for note in run["notes"]:
     st.caption(format_markdown("Note: {}", note))

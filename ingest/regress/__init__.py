@@ -8,6 +8,10 @@
   patched/unpatched pair.
 - `ingest.regress.uncertainty`: two samples' verdict (changed / within noise / not enough data)
   with its interval, the run-to-run spread counted.
+- `ingest.regress.consistency`: whether a run's figures agree with one another and with its
+  measured tok/s, checked on every import.
+- `ingest.regress.patterns`: the pattern catalog (patterns.toml beside it, and a user's file):
+  rules as data, each with a sentence, evaluated on a run's kernel rows and step figures.
 - `ingest.regress.report`: a commit range's changes as Markdown (`python -m ingest check`).
 
 Following a run's series and bisecting (they read and write the database) live with the runs:

@@ -148,9 +148,11 @@ def _short_commit(commit: str | None) -> str | None:
 def shorten_kernel_name(name: str) -> str:
     """`void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(...)...>(...)`
     -> `unrolled_elementwise_kernel<direct_copy_kernel_cuda>`; plain names stay as they are."""
-    text = name.removeprefix("void ").strip()
+    text = re.sub(r"^std::enable_if<.*?>::type\s+", "", name.removeprefix("void ").strip())  # a return type
     head, _, rest = text.partition("<")
-    head = head.split("(")[0].split("::")[-1] or text[:60]
+    scopes = head.split("(")[0].split("::")
+    # a kernel named plainly `kernel` keeps its namespace: `gemvx::kernel`
+    head = ("::".join(scopes[-2:]) if scopes[-1] == "kernel" and len(scopes) > 1 else scopes[-1]) or text[:60]
     if not rest:
         return head
     for arg in rest.split(","):

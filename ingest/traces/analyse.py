@@ -25,6 +25,7 @@ from .categories import COPY_CATEGORIES, Rule, categorise, rules_time_limit
 from .devices import find_peak_gbps
 from .nesting import Nesting
 from .shapes import summarise_shape
+from .timeline import HOST_SYNC, measure_timeline
 from .trace_read import KINDS, RawTrace
 
 K = {k: i for i, k in enumerate(KINDS)}
@@ -55,6 +56,7 @@ class Kernels:
     dtypes_differ: np.ndarray  # bool
     from_cpu_ops: bool
     set_aside: int = 0  # kernels (or CPU ops) whose time could not be real: negative, non-finite, > a day
+    input_dtypes: np.ndarray | None = None  # object: the launching op's tensor input dtypes ("bfloat16"), "" unknown
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,9 @@ class RankFigures:
     comm_start_us: np.ndarray = field(default_factory=lambda: np.empty(0))
     comm_end_us: np.ndarray = field(default_factory=lambda: np.empty(0))
     comm_step: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # the GPU timeline's figures (streams, busy, exposed communication, host syncs inside steps:
+    # ingest/traces/timeline.py); None for a CPU-only trace
+    timeline: dict | None = None
 
 
 MAX_RANK = 1 << 20  # more ranks than any job has run: a larger "rank" is not one
@@ -150,18 +155,19 @@ def _python_sources(trace: RawTrace, frames: np.ndarray, q_thread: np.ndarray, q
     return out
 
 
-def _shape_facts(trace: RawTrace, op_events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes, dtypes_differ) of each op event (-1 for none), from its recorded shapes."""
+def _shape_facts(trace: RawTrace, op_events: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes, dtypes_differ, input dtypes) of each op event (-1 for none), from its recorded shapes."""
     facts = [summarise_shape(d, t) for d, t in trace.shapes]
     shape_bytes = np.array([f[0] for f in facts] + [math.nan])
     shape_mixed = np.array([f[1] for f in facts] + [False])
+    shape_dtypes = np.array([f[2] for f in facts] + [""], dtype=object)
     safe = np.maximum(op_events, 0)
     sid = np.where(op_events >= 0, trace.shape_id[safe], -1)
-    nbytes, mixed = shape_bytes[sid], shape_mixed[sid]  # sid -1 picks the trailing "unknown" entry
+    nbytes, mixed, dtypes = shape_bytes[sid], shape_mixed[sid], shape_dtypes[sid]  # sid -1: the trailing "unknown"
     names = trace.names
     partial = np.array([bool(_PARTIAL_ACCESS.search(names[i])) for i in range(len(names))] + [False])
     nbytes = np.where(partial[np.where(op_events >= 0, trace.name_id[safe], -1)], math.nan, nbytes)
-    return nbytes, mixed
+    return nbytes, mixed, dtypes
 
 
 # no GPU kernel or CPU op of a profiled step lasts a day: a longer duration is a broken record
@@ -217,10 +223,10 @@ def link_kernels(trace: RawTrace) -> Kernels:
         keep = np.flatnonzero(~dup)
         order = keep[np.argsort(trace.ts_us[ops[keep]], kind="stable")]
         ev = ops[order]
-        nbytes, mixed = _shape_facts(trace, ev)
+        nbytes, mixed, dtypes = _shape_facts(trace, ev)
         source = _python_sources(trace, frames, trace.thread_id[ev], trace.ts_us[ev])
         return Kernels(ev, trace.ts_us[ev], self_us[order], trace.ts_us[ev], names[trace.name_id[ev]],
-                       source, nbytes, mixed, True, set_aside)
+                       source, nbytes, mixed, True, set_aside, dtypes)
 
     gpu = gpu[np.argsort(trace.ts_us[gpu], kind="stable")]
     launches = np.flatnonzero(((kind == K["cuda_runtime"]) | (kind == K["cuda_driver"])) & (trace.correlation >= 0))
@@ -248,7 +254,8 @@ def link_kernels(trace: RawTrace) -> Kernels:
     launcher = np.where(from_graph, launch_name, launcher)
     op_event = np.where(from_graph, -1, op_event)
 
-    nbytes, mixed = _shape_facts(trace, op_event)
+    # (dtypes are the op's inputs', true of every kernel it launched, such as a GEMM's split-K reduction)
+    nbytes, mixed, dtypes = _shape_facts(trace, op_event)
     # bytes are the op's: only meaningful for a kernel that is its op's only kernel
     per_op = np.bincount(np.maximum(op_event, 0), minlength=len(kind))
     sole = (op_event >= 0) & (per_op[np.maximum(op_event, 0)] == 1)
@@ -258,7 +265,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
     source[linked] = _python_sources(trace, frames, lthread[linked], lts[linked])
     query = np.where(linked, lts, trace.ts_us[gpu])
     return Kernels(gpu, trace.ts_us[gpu], trace.dur_us[gpu], query, launcher.astype(object), source,
-                   nbytes, mixed, False, set_aside)
+                   nbytes, mixed, False, set_aside, dtypes)
 
 
 def _spans(trace: RawTrace, pattern: re.Pattern, kinds: tuple[str, ...]) -> np.ndarray:
@@ -399,6 +406,24 @@ def categorise_kernels(trace: RawTrace, kernels: Kernels, rules: list[Rule], nam
     return cat_codes[inverse.reshape(-1)], categories
 
 
+def _group_dtypes(group: np.ndarray, kernels: Kernels, n_groups: int) -> np.ndarray:
+    """Per group (a kernel row), its launching ops' input dtypes: one op's ("float32"), the
+    distinct ones of several joined by " | " ("bfloat16 | float32"), or "" when none is known."""
+    out = np.full(n_groups, "", dtype=object)
+    if kernels.input_dtypes is None or not len(group):
+        return out
+    codes, names = _encode(kernels.input_dtypes)
+    pairs = np.unique(group.astype(np.int64) * len(names) + codes)
+    owner, code = np.divmod(pairs, len(names))
+    known = names[code] != ""
+    found: dict[int, list[str]] = {}
+    for row, text in zip(owner[known].tolist(), names[code[known]].tolist()):
+        found.setdefault(row, []).append(text)
+    for row, texts in found.items():
+        out[row] = " | ".join(sorted(texts))
+    return out
+
+
 DENSE_SPREAD_CELLS = 4_000_000  # kernel rows x steps up to which _step_spread_ms uses a dense table (32 MB)
 
 
@@ -429,6 +454,20 @@ def _step_spread_ms(group: np.ndarray, kernel_step: np.ndarray, dur: np.ndarray,
     return np.sqrt(squares / (n_steps - 1)) / 1e3
 
 
+def _measure_timeline(trace: RawTrace, kernels: Kernels, steps: Steps, step_table: pd.DataFrame,
+                      is_comm: np.ndarray) -> dict:
+    """timeline.measure_timeline's figures, with the host syncs and decode spans read from the trace."""
+    calls = np.flatnonzero(np.isin(trace.kind, [K["cuda_runtime"], K["cuda_driver"]]))
+    calls = calls[_names_matching(trace, HOST_SYNC)[trace.name_id[calls]] & _sane_times(trace)[calls]]
+    names = np.asarray(trace.names, dtype=object)
+    spans = _spans(trace, _DECODE_SPAN, ("user_annotation",)) if steps.method == "span" else np.empty(0, np.int64)
+    return measure_timeline(
+        kernels.ts_us, kernels.dur_us, trace.thread_id[kernels.event], kernels.query_ts_us, steps.kernel_step,
+        step_table["wall_us"].to_numpy(), step_table["gpu_busy_us"].to_numpy(), step_table["kernel_us"].to_numpy(),
+        is_comm, trace.ts_us[calls], trace.dur_us[calls], names[trace.name_id[calls]],
+        sorted(set(names[trace.name_id[spans]].tolist())))
+
+
 def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]) -> RankFigures:
     name_id = trace.name_id[kernels.event].astype(np.int64)
     launcher_code, launchers = _encode(kernels.launcher)
@@ -450,7 +489,9 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     stats["p90_us"] = g["dur_us"].quantile(0.9)
     known = g["bytes"].agg(bytes_known="count", bytes_per_call="median")
     stats = stats.join(known).join(g["in_step"].sum().rename("calls_in_steps")).join(g["step_us"].sum())
-    stats["ms_per_step_sd"] = _step_spread_ms(g.ngroup().to_numpy(), steps.kernel_step, dur, len(stats), n_steps)
+    group = g.ngroup().to_numpy()
+    stats["ms_per_step_sd"] = _step_spread_ms(group, steps.kernel_step, dur, len(stats), n_steps)
+    stats["input_dtypes"] = _group_dtypes(group, kernels, len(stats))
     stats = stats.reset_index()
     names = np.asarray(trace.names, dtype=object)
     stats["name"] = names[stats["name"].to_numpy()]
@@ -524,6 +565,7 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         between_steps_us=float(dur[between].sum()), between_steps_kernels=int(between.sum()), notes=notes,
         comm_start_us=kernels.ts_us[comm][comm_order], comm_end_us=(kernels.ts_us + dur)[comm][comm_order],
         comm_step=steps.kernel_step[comm][comm_order],
+        timeline=None if kernels.from_cpu_ops else _measure_timeline(trace, kernels, steps, step_table, comm),
     )
 
 

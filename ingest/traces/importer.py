@@ -5,6 +5,7 @@ transaction. Nothing touches the database until every file has been read success
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -20,7 +21,9 @@ from db.store import RunRecord
 from kernels.bundle import LABEL_RULE, Manifest, is_bundle, is_label, read_bundle
 
 from ..errors import IngestError, TraceError
+from ..regress.consistency import check_consistency
 from ..regress.diagnose import diagnose_run, facts_from_record
+from ..regress.patterns import DEFAULT_CATALOG, Pattern, PatternError, combine_catalogs, find_patterns, parse_catalog
 from .analyse import RankFigures, analyse_trace
 from .categories import Rule
 from .progress import ReadMeter
@@ -46,6 +49,7 @@ class ImportOptions:
     steps: int | None = None
     job_id: int | None = None
     limits: ReadLimits = DEFAULT_LIMITS
+    patterns: tuple[Pattern, ...] | None = None  # the pattern catalog (load_pattern_catalog); None: the built-in one
 
 
 def check_label(field: str, value: str | None) -> str | None:
@@ -222,6 +226,52 @@ def _manifest_dict(m: Manifest | None) -> dict | None:
     return asdict(m) if m is not None else None
 
 
+def _read_catalog(path: Path) -> list[Pattern]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PatternError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise PatternError(f"{path}: not valid TOML (not UTF-8 text)") from None
+    return parse_catalog(text, str(path))
+
+
+@functools.cache
+def _builtin_catalog() -> tuple[Pattern, ...]:
+    return tuple(_read_catalog(DEFAULT_CATALOG))
+
+
+def load_pattern_catalog(user_file: str | Path | None = None) -> tuple[Pattern, ...]:
+    """The built-in pattern catalog (ingest/regress/patterns.toml) with the user's file's patterns:
+    one of the same id replaces a built-in one. Raises PatternError naming the file and field."""
+    if user_file is None:
+        return _builtin_catalog()
+    return tuple(combine_catalogs(list(_builtin_catalog()), _read_catalog(Path(user_file))))
+
+
+def check_record(record: RunRecord, timeline: dict | None, catalog: tuple[Pattern, ...]) -> RunRecord:
+    """The record with what the import checks about it: its first rank's timeline figures, whether
+    its figures agree (ingest/regress/consistency.py) and the pattern catalog's findings."""
+    batch = record.batch_size or (record.workload or {}).get("batch_size") or (timeline or {}).get("span_batch_size")
+    consistency = check_consistency(timeline, record.tok_per_s, batch, record.timing_ms_median)
+    patterns = None
+    if record.step_ms_median and len(record.kernel_stats):
+        facts = dataclasses.replace(facts_from_record(record), batch_size=batch)
+        patterns = find_patterns(list(catalog), facts, timeline, _waiting(record))
+    return dataclasses.replace(record, timeline=timeline, consistency=consistency, patterns=patterns)
+
+
+def _waiting(record: RunRecord) -> tuple[int, float, int] | None:
+    """(the first rank, its median wait per step in collectives in ms, the rank that reaches them
+    last) for a multi-rank run whose waits were computed; else None."""
+    stats = record.rank_stats
+    if stats is None or len(stats) < 2 or stats["wait_ms_median"].isna().any() or stats["last_arrivals"].isna().any():
+        return None
+    lead = stats.iloc[0]
+    last = stats.loc[stats["last_arrivals"].astype(float).idxmax()]
+    return int(lead["rank"]), float(lead["wait_ms_median"]), int(last["rank"])
+
+
 def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
                    watch: Callable[[ReadMeter], AbstractContextManager] | None = None) -> RunRecord:
     """Read and analyse everything a path stands for; raise IngestError on bad input. `watch`
@@ -246,7 +296,9 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
             figures = analyse_files(files, rules, steps, opts.limits, meter)
     record = build_record(path, files, figures, manifest, opts, content_hash)
     record = dataclasses.replace(record, notes=file_notes + record.notes)
-    return dataclasses.replace(record, diagnosis=diagnose_record(record))
+    record = dataclasses.replace(record, diagnosis=diagnose_record(record))
+    return check_record(record, figures[0].timeline,
+                        opts.patterns if opts.patterns is not None else load_pattern_catalog())
 
 
 def diagnose_record(record) -> list[dict] | None:

@@ -1,6 +1,6 @@
 """Real GPU traces in the shapes users bring, for stepwatch's conformance corpus.
 
-Two captures, torch only (they run on the GPU machine as they are):
+Three captures, torch only (they run on the GPU machine as they are):
 
 - `sglang-decode`: the reference decode step (kernels/workload.py, glm5 preset, whole-pool cast)
   profiled the way SGLang 0.5.23's one-batch benchmark profiles decode: the profiler is started
@@ -17,6 +17,11 @@ Two captures, torch only (they run on the GPU machine as they are):
   `{profile_id}-TP-{rank}-DECODE.trace.json.gz`. `--straggler-rank R --straggler-us U` gives rank R
   extra work before each all-reduce (a slower GPU, an uneven expert load), so the other rank
   waits in the collective; the run records that it was injected.
+
+- `fp32-logits`: a bfloat16 decode step (rms norm, up- and down-projection per layer, as `tp2`'s
+  on one GPU) whose logits are computed in float32 against an output projection kept in float32
+  (as models that keep `lm_head` in float32 run it), recorded with record_shapes, eager, each
+  forward in a `step[DECODE bs=1]` span: one float32 matrix product a step among bfloat16 ones.
 
 Each capture writes `key_averages.json` beside its trace(s) (per rank for tp2), so the figures
 can be checked against torch's own count. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -133,6 +138,38 @@ def capture_tp2(out: Path, layers: int, hidden: int, steps: int, straggler_rank:
             "straggler_rank": straggler_rank, "straggler_us_injected": straggler_us}
 
 
+def capture_fp32_logits(out: Path, layers: int, hidden: int, vocab: int, steps: int) -> dict:
+    """Eager bfloat16 decode with float32 logits, recorded with shapes (module docstring)."""
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    w_up = [torch.randn(hidden, 4 * hidden, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+            for _ in range(layers)]
+    w_down = [torch.randn(4 * hidden, hidden, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+              for _ in range(layers)]
+    lm_head = torch.randn(hidden, vocab, device="cuda", dtype=torch.float32, generator=gen) * 0.02  # kept in fp32
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def forward(x):
+        for up, down in zip(w_up, w_down):
+            x = x + F.silu(F.rms_norm(x, (hidden,), eps=1e-6) @ up) @ down
+        return F.rms_norm(x, (hidden,), eps=1e-6).float() @ lm_head  # the float32 matrix product
+
+    for _ in range(3):
+        forward(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True,
+                 record_shapes=True) as prof:
+        for _ in range(steps):
+            with record_function("step[DECODE bs=1]"):
+                logits = forward(x)
+            torch.argmax(logits, dim=-1)  # sample(): outside the span
+            torch.cuda.synchronize()
+    name = "stepwatch-fp32-logits.trace.json.gz"
+    _gzip_trace(prof, out / name)
+    (out / "key_averages.json").write_text(json.dumps(summarize_key_averages(prof), indent=1) + "\n")
+    return {"trace": name, "layers": layers, "hidden": hidden, "vocab": vocab, "steps": steps,
+            "span": "step[DECODE bs=1]", "record_shapes": True, "tf32": torch.backends.cuda.matmul.allow_tf32}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -149,11 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--steps", type=int, default=3)
     t.add_argument("--straggler-rank", type=int, default=1)
     t.add_argument("--straggler-us", type=float, default=100.0)
+    f = sub.add_parser("fp32-logits")
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--layers", type=int, default=16)
+    f.add_argument("--hidden", type=int, default=4096)
+    f.add_argument("--vocab", type=int, default=32_000)
+    f.add_argument("--steps", type=int, default=3)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.time()
     if args.what == "sglang-decode":
         facts = capture_sglang_decode(args.out, args.steps, args.preset, args.kv, args.prefix)
+    elif args.what == "fp32-logits":
+        facts = capture_fp32_logits(args.out, args.layers, args.hidden, args.vocab, args.steps)
     else:
         facts = capture_tp2(args.out, args.layers, args.hidden, args.steps, args.straggler_rank, args.straggler_us)
     facts |= {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "seconds": round(time.time() - began, 1)}
