@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,15 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value
+
+
+_RAY_ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]{1,5})$")
+
+
+def _ray_address(text: str) -> str:
+    if not _RAY_ADDRESS.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Ray address (HOST:PORT, ray://HOST:PORT, auto or local)")
+    return text
 
 
 def _positive_float(text: str) -> float:
@@ -63,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--steps", type=_positive_int, metavar="N",
                      help="profiled steps, for a trace with no ProfilerStep and no CUDA graph launches")
     imp.add_argument("--rules", metavar="FILE", help="extra category rules (TOML), tried before the built-in ones")
+    imp.add_argument("--patterns", metavar="FILE",
+                     help="extra patterns (TOML), checked with the built-in catalog (one with a built-in id "
+                          "replaces it)")
     imp.add_argument("--repo-path", metavar="PATH",
                      help="a git checkout holding the commit, to record its date, author, subject and order "
                           "(default: this checkout, for runs of the stepwatch repo)")
@@ -83,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--exit-when-idle", action="store_true", help="stop when the queue is empty")
     wrk.add_argument("--max-attempts", type=_positive_int, default=MAX_ATTEMPTS, metavar="N",
                      help=f"attempts a job gets when its worker dies (default {MAX_ATTEMPTS}: one retry)")
+    wrk.add_argument("--ray", type=_ray_address, metavar="ADDRESS",
+                     help="run jobs as tasks on a Ray cluster (HOST:PORT, ray://HOST:PORT, auto, or local: start "
+                          "one on this machine); this process alone writes the database")
+    wrk.add_argument("--max-in-flight", type=_positive_int, metavar="N",
+                     help="with --ray: runs at once (default: the cluster's GPUs, or its CPUs when it has none)")
+    wrk.add_argument("--gpus-per-run", type=_positive_float, metavar="N",
+                     help="with --ray: GPUs every run asks for (default: one per TP rank on cuda, none on cpu)")
+    wrk.add_argument("--ray-cpus", type=_positive_int, metavar="N", help="with --ray local: CPUs the cluster declares")
+    wrk.add_argument("--ray-gpus", type=_positive_int, metavar="N", help="with --ray local: GPUs the cluster declares")
 
     bf = sub.add_parser("backfill", help="queue runs along a repository's first-parent history")
     bf.add_argument("--repo", required=True, metavar="NAME_OR_PATH",

@@ -20,7 +20,7 @@ from .runs.repos import locate_repo
 from .runs.spec import load_config, parse_spec
 from .runs.survival import process_stamp
 from .traces.categories import load_rule_chain
-from .traces.importer import ImportOptions, prepare_import
+from .traces.importer import ImportOptions, load_pattern_catalog, prepare_import
 from .traces.progress import ImportBar, Progress
 
 _WORKLOAD_FLAGS = ("preset", "kv", "cuda_graph", "model_path", "load_format", "kv_cache_dtype",
@@ -99,10 +99,24 @@ def _with_progress(bar: Progress, echo):
 def run_worker_cmd(args) -> int:
     from .runs.worker import run_worker, worker_name
 
+    if args.ray and args.ray != "local" and (args.ray_cpus or args.ray_gpus):
+        raise IngestError("--ray-cpus and --ray-gpus declare a cluster that --ray local starts; "
+                          f"the cluster at {args.ray} declares its own")
+    if not args.ray and (args.max_in_flight or args.gpus_per_run or args.ray_cpus or args.ray_gpus):
+        raise IngestError("--max-in-flight, --gpus-per-run, --ray-cpus and --ray-gpus need --ray")
     config = load_config(args.config)
     print(f"worker {worker_name()} on {args.db}", file=sys.stderr)
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    if args.ray:
+        from .runs.fleet import run_fleet_worker
+
+        run_fleet_worker(args.db, config, load_rule_chain(), args.ray, poll_s=args.poll_s,
+                         max_in_flight=args.max_in_flight, gpus_per_run=args.gpus_per_run,
+                         max_attempts=args.max_attempts, exit_when_idle=args.exit_when_idle, echo=say,
+                         num_cpus=args.ray_cpus, num_gpus=args.ray_gpus)
+        return 0
     run_worker(args.db, config, load_rule_chain(), poll_s=args.poll_s, exit_when_idle=args.exit_when_idle,
-               max_attempts=args.max_attempts, echo=lambda line: print(line, flush=True))
+               max_attempts=args.max_attempts, echo=say)
     return 0
 
 
@@ -267,10 +281,12 @@ def _import_bar(meter) -> ImportBar:
 
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
+    patterns = load_pattern_catalog(args.patterns)
     limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=args.max_trace_mb << 20, max_events=args.max_events)
     resolved = _resolve_commit(args.commit, args.repo, args.repo_path)
     opts = ImportOptions(repo=args.repo, commit=resolved.sha if resolved else args.commit, variant=args.variant,
-                         layers=args.layers, tok_per_s=args.tok_per_s, steps=args.steps, limits=limits)
+                         layers=args.layers, tok_per_s=args.tok_per_s, steps=args.steps, limits=limits,
+                         patterns=patterns)
     with args.db_thread or DatabaseThread() as db_thread:
         # all reading and checking happens here; a bar on a terminal when it takes a while
         record = prepare_import(args.path, rules, opts, watch=_import_bar if sys.stderr.isatty() else None)

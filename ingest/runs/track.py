@@ -14,6 +14,7 @@ as another adds its samples to that commit's point.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
@@ -238,3 +239,12 @@ def follow_series(db_path: str, series: dict, db_call: Callable | None = None) -
 def _read_series(db_path: str, series: dict) -> SeriesData | None:
     with open_db(db_path) as store:  # not read-only: as _read_series_of_run
         return load_series(store, series)
+
+
+def follow_runs(db_path: str, run_ids: list[int]) -> list[dict]:
+    """follow_run for many new runs at once (the fleet worker's, every few seconds): each series
+    they belong to is detected once, however many of its runs arrived. Returns the stored rows."""
+    with open_db(db_path) as store:  # not read-only: as _read_series_of_run
+        named = [get_series_of_run(store, run_id) for run_id in run_ids]
+    distinct = {json.dumps(stored_series(s), sort_keys=True, default=str): s for s in named if s is not None}
+    return [row for series in distinct.values() for row in follow_series(db_path, series)]

@@ -265,30 +265,45 @@ def _attempt(db_path: str, job: dict, config: Config, rules: list[Rule], reporte
             return Outcome("succeeded", expansion=expansion)
         reporter.line(f"job {job_id}: attempt {job['attempts']}: {spec.describe()}")
         bundle, repo, commit = _bundle_for(db_path, job_id, spec, config, reporter, work)
-        run_id = _import(db_path, job_id, spec, rules, bundle, repo, commit, reporter)
-        if commit is not None:
-            _follow_changes(db_path, run_id, config, reporter.line)
-        return Outcome("succeeded", run_id)
-    except CommandCancelled:
+        return finish_run(db_path, job_id, spec, config, rules, bundle, repo, commit, reporter)
+    except Exception as e:  # noqa: BLE001 - every failure of the job becomes its outcome
+        return outcome_of(e, reporter)
+
+
+def finish_run(db_path: str, job_id: int, spec: RunSpec, config: Config, rules: list[Rule], bundle: Path,
+               repo: str, commit: CommitInfo | None, reporter: Reporter, follow: bool = True) -> Outcome:
+    """Import a run's kept bundle and (with `follow`) follow its series' changes: the part of a
+    job only the process that writes the database does (here, or the fleet's worker after a Ray
+    task, which follows the changes of many runs at once)."""
+    run_id = _import(db_path, job_id, spec, rules, bundle, repo, commit, reporter)
+    if follow and commit is not None:
+        _follow_changes(db_path, run_id, config, reporter.line)
+    return Outcome("succeeded", run_id)
+
+
+def outcome_of(error: Exception, reporter) -> Outcome:
+    """How a job ends when its attempt raised `error` (`reporter`: its cancel and lost flags,
+    and where a bug's traceback goes)."""
+    if isinstance(error, CommandCancelled):
         if reporter.cancel.is_set():
             return Outcome("cancelled", None, "cancelled", "cancelled while running")
         return Outcome("lost" if reporter.lost.is_set() else "queued")
-    except CommandTimeout as e:
-        return Outcome("failed", None, "timeout", str(e))
-    except SpecError as e:
-        return Outcome("failed", None, "bad-spec", str(e))
-    except HostError as e:
-        return Outcome("failed", None, "host-unreachable", str(e))
-    except RunError as e:
-        return Outcome("failed", None, getattr(e, "kind", None) or "engine-error", str(e))
-    except IngestError as e:
-        return Outcome("failed", None, "bad-result", str(e))
-    except Exception as e:  # a bug of ours: keep the traceback in the job's log
-        reporter.line(traceback.format_exc())
-        return Outcome("failed", None, "internal-error", f"{type(e).__name__}: {e}")
+    if isinstance(error, CommandTimeout):
+        return Outcome("failed", None, "timeout", str(error))
+    if isinstance(error, SpecError):
+        return Outcome("failed", None, "bad-spec", str(error))
+    if isinstance(error, HostError):
+        return Outcome("failed", None, "host-unreachable", str(error))
+    if isinstance(error, RunError):
+        return Outcome("failed", None, getattr(error, "kind", None) or "engine-error", str(error))
+    if isinstance(error, IngestError):
+        return Outcome("failed", None, "bad-result", str(error))
+    # a bug of ours: keep the traceback in the job's log
+    reporter.line("".join(traceback.format_exception(error)))
+    return Outcome("failed", None, "internal-error", f"{type(error).__name__}: {error}")
 
 
-def _record(db_path: str, job_id: int, reporter: Reporter, outcome: Outcome) -> str:
+def record_outcome(db_path: str, job_id: int, reporter: Reporter, outcome: Outcome) -> str:
     """Write how the attempt ended, only while the attempt still holds the job; return the
     status written, or 'lost' when the job had been taken back from the attempt."""
     worker, attempt = reporter.holder
@@ -343,7 +358,7 @@ def execute_job(db_path: str, job: dict, config: Config, rules: list[Rule],
             outcome = _attempt(db_path, job, config, rules, reporter, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    status = _record(db_path, job["job_id"], reporter, outcome)
+    status = record_outcome(db_path, job["job_id"], reporter, outcome)
     return status, outcome.run_id if status == "succeeded" else None
 
 
@@ -351,7 +366,7 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _stop_on_signals() -> threading.Event:
+def stop_on_signals() -> threading.Event:
     """An event set by SIGTERM or SIGINT: the running job's command stops, the loop ends."""
     stopping = threading.Event()
 
@@ -363,7 +378,7 @@ def _stop_on_signals() -> threading.Event:
     return stopping
 
 
-def _poll(db_path: str, config: Config, me: str, stale_s: float, max_attempts: int,
+def poll_queue(db_path: str, config: Config, me: str, stale_s: float, max_attempts: int,
           say: Callable[[str], None]) -> dict | None:
     """One look at the queue: take back dead workers' jobs, remove leftover work directories
     and scratch, claim the oldest queued job (None if there is none)."""
@@ -386,13 +401,13 @@ def run_worker(db_path: str, config: Config, rules: list[Rule], *, poll_s: float
     """Take jobs until stopped; return how many it ran. Every poll first takes back the jobs of
     dead workers (a job gets `max_attempts` attempts) and removes leftovers (survival.py).
     SIGTERM/SIGINT stop the running job's command and requeue the job, then the loop ends."""
-    stopping = _stop_on_signals()
+    stopping = stop_on_signals()
     say = echo or (lambda text: None)
     me = worker_name()
     done = 0
     while not stopping.is_set():
         try:
-            job = _poll(db_path, config, me, stale_s, max_attempts, say)
+            job = poll_queue(db_path, config, me, stale_s, max_attempts, say)
         except StoreError as e:
             say(f"worker: {e}; retrying")
             time.sleep(poll_s)

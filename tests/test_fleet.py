@@ -1,0 +1,193 @@
+"""The fleet worker (`ingest worker --ray`) on a real local Ray cluster: the worker starts it
+(`--ray local`: ray.init on this machine with logical GPUs declared, the dashboard and usage
+reporting off) and runs the reference engine (tiny preset, CPU) in Ray tasks, one fresh process a
+run, while it alone writes the DuckDB file. Real processes, a real git repository of 8 commits,
+real Ray; nothing of the project is patched.
+
+(A cluster started apart with `ray start --head` cannot be joined here: Ray turns 127.0.0.1 into
+the machine's other address, which this sandbox does not let a process connect to; the code path
+is the same ray.init with an address.)"""
+
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from db.store import open_db
+from ingest.runs.fleet import pack_bundle, task_resources, unpack_bundle
+from ingest.runs.spec import RunSpec, Workload
+from tests.helpers import ROOT, run_cli, wait_for
+
+TINY = ["--engine", "reference", "--preset", "tiny", "--device", "cpu", "--profile-steps", "2"]
+RAY_LOCAL = ["--ray", "local", "--ray-cpus", "4", "--ray-gpus", "4", "--gpus-per-run", "1"]
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@x",
+                               "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@x"}).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def eight_commits(tmp_path_factory) -> Path:
+    """stepwatch's kernels/ at 9 commits; the 5th makes the tiny preset 8 layers deep instead of 4."""
+    repo = tmp_path_factory.mktemp("fleetrepo")
+    shutil.copytree(ROOT / "kernels", repo / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "c0")
+    workload = repo / "kernels" / "workload.py"
+    for i in range(1, 9):
+        if i == 5:
+            text = workload.read_text()
+            assert 'preset="tiny", layers=4,' in text
+            workload.write_text(text.replace('preset="tiny", layers=4,', 'preset="tiny", layers=8,'))
+        else:
+            (repo / f"NOTE{i}").write_text(f"{i}\n")
+            _git(repo, "add", f"NOTE{i}")
+        _git(repo, "commit", "-q", "-am", f"c{i}")
+    return repo
+
+
+def _worker(db: Path, *more: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ingest", "worker", "--db", str(db), *RAY_LOCAL, *more],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _job(db: Path, job_id: int) -> dict:
+    with open_db(db, read_only=True) as store:
+        return store.get_job(job_id)
+
+
+def _ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in out if re.search(r"\b(raylet|gcs_server)\b", line)]
+
+
+@pytest.mark.slow
+def test_a_backfill_of_8_commits_x_2_variants_runs_in_parallel_tasks_and_each_run_is_imported_once(
+        tmp_path, eight_commits):
+    db = tmp_path / "f.duckdb"
+    for kv in ("fused", "full-pool-cast"):
+        queued = run_cli("ingest", "backfill", "--repo", str(eight_commits), "--range", "main~8..main", *TINY,
+                         "--kv", kv, "--db", str(db))
+        assert queued.returncode == 0, queued.stderr
+        assert "queued 8 jobs (8 commits x 1 variants)" in queued.stderr
+    worker = _worker(db, "--exit-when-idle")
+    out, _ = worker.communicate(timeout=1500)
+    assert worker.returncode == 0, out[-3000:]
+    assert "up to 4 runs at once" in out
+    with open_db(db, read_only=True) as store:
+        jobs = store.list_jobs()
+        runs = store.con.execute(
+            "SELECT r.job_id, c.subject, r.layers, r.workload->>'kv' FROM runs r JOIN commits c USING (commit_id)"
+            " ORDER BY r.job_id").fetchall()
+        spans = store.con.execute("SELECT started_at, finished_at FROM jobs ORDER BY started_at").fetchall()
+    assert len(jobs) == 16 and {j["status"] for j in jobs} == {"succeeded"}, [(j["job_id"], j["error"]) for j in jobs]
+    assert len(runs) == 16 and sorted(r[0] for r in runs) == sorted(j["job_id"] for j in jobs)  # one run a job
+    for job_id, subject, layers, kv in runs:  # each run measured its own commit's code
+        assert layers == (8 if int(subject[1:]) >= 5 else 4), (job_id, subject, layers)
+    assert sorted(kv for *_, kv in runs) == ["full-pool-cast"] * 8 + ["fused"] * 8
+    # tasks ran at once: some job started before an earlier-started one finished
+    assert any(spans[i + 1][0] < spans[i][1] for i in range(len(spans) - 1))
+    logs = [_job(db, j["job_id"])["log"] for j in jobs]
+    pids = {re.search(r"running on Ray node \w+ \(pid (\d+)\)", log).group(1) for log in logs}
+    assert len(pids) == 16  # a fresh process for every run (max_calls=1)
+    assert _ray_processes() == []  # the cluster the worker started is gone with it
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_running_task_and_writes_no_run(tmp_path):
+    db = tmp_path / "c.duckdb"
+    queued = run_cli("ingest", "backfill", "--repo", str(ROOT), "--range", "HEAD~1..HEAD", "--engine", "reference",
+                     "--preset", "tiny", "--device", "cpu", "--profile-steps", "400", "--kv", "fused", "--db", str(db))
+    assert queued.returncode == 0, queued.stderr
+    job_id = int(queued.stdout.split()[0])
+    worker = _worker(db, "--exit-when-idle")
+    try:
+        wait_for(lambda: "running on Ray node" in (_job(db, job_id)["log"] or ""), "the task to start", 600)
+        assert run_cli("ingest", "cancel", str(job_id), "--db", str(db)).returncode == 0
+        out, _ = worker.communicate(timeout=300)
+    finally:
+        worker.kill()
+    job = _job(db, job_id)
+    assert worker.returncode == 0, out[-3000:]
+    assert (job["status"], job["error_kind"], job["run_id"]) == ("cancelled", "cancelled", None), job["error"]
+    with open_db(db, read_only=True) as store:
+        assert store.con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    assert not re.search(r"kernels\.bench.*--profile-steps 400", subprocess.run(
+        ["ps", "-eo", "args"], capture_output=True, text=True).stdout)  # its benchmark was stopped
+
+
+@pytest.mark.slow
+def test_a_killed_task_process_is_run_again_once_then_the_job_fails_with_the_reason(tmp_path):
+    db = tmp_path / "k.duckdb"
+    queued = run_cli("ingest", "backfill", "--repo", str(ROOT), "--range", "HEAD~1..HEAD", "--engine", "reference",
+                     "--preset", "tiny", "--device", "cpu", "--profile-steps", "400", "--kv", "fused", "--db", str(db))
+    assert queued.returncode == 0, queued.stderr
+    job_id = int(queued.stdout.split()[0])
+    started = re.compile(r"running on Ray node \w+ \(pid (\d+)\)")
+    worker = _worker(db, "--exit-when-idle")
+    try:
+        first = int(wait_for(lambda: started.findall(_job(db, job_id)["log"] or ""), "the task to start", 600)[0])
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(lambda: [int(p) for p in started.findall(_job(db, job_id)["log"] or "") if int(p) != first],
+                          "Ray to run the task again", 600)[0]
+        os.kill(second, signal.SIGKILL)
+        out, _ = worker.communicate(timeout=300)
+    finally:
+        worker.kill()
+    job = _job(db, job_id)
+    assert worker.returncode == 0, out[-3000:]
+    assert (job["status"], job["error_kind"], job["run_id"]) == ("failed", "worker-lost", None)
+    assert job["error"].startswith("its Ray task was lost (") and f"process {first} died" in job["log"]
+    with open_db(db, read_only=True) as store:
+        assert store.con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+
+
+def test_a_run_asks_ray_for_a_gpu_per_tensor_parallel_rank():
+    assert task_resources(RunSpec("reference", device="cuda"))["num_gpus"] == 1
+    assert task_resources(RunSpec("sglang", Workload(model_path="/m", tp=4), device="cuda"))["num_gpus"] == 4
+    assert task_resources(RunSpec("reference", device="cpu"))["num_gpus"] == 0
+    assert task_resources(RunSpec("reference", device="cpu"), gpus_per_run=1)["num_gpus"] == 1
+    assert task_resources(RunSpec("reference"))["max_retries"] == 1
+
+
+def test_a_bundle_travels_as_tar_bytes_and_nothing_lands_outside_its_directory(tmp_path):
+    bundle = tmp_path / "out" / "bundle"
+    (bundle / "traces").mkdir(parents=True)
+    (bundle / "manifest.json").write_text('{"x": 1}')
+    (bundle / "traces" / "a.trace.json.gz").write_bytes(os.urandom(1000))
+    back = unpack_bundle(pack_bundle(bundle), tmp_path / "in")
+    assert back == tmp_path / "in" / "bundle"
+    assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*")) == [
+        "manifest.json", "traces", "traces/a.trace.json.gz"]
+    assert (back / "traces" / "a.trace.json.gz").read_bytes() == (bundle / "traces" / "a.trace.json.gz").read_bytes()
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as tar:
+        info = tarfile.TarInfo("bundle/../../escaped")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(tarfile.TarError):
+        unpack_bundle(evil.read_bytes(), tmp_path / "in2")
+    assert not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ray", "a;b"], "'a;b' is not a Ray address"),
+    (["--ray-cpus", "4"], "--max-in-flight, --gpus-per-run, --ray-cpus and --ray-gpus need --ray"),
+    (["--ray", "10.0.0.1:6379", "--ray-gpus", "8"], "--ray-cpus and --ray-gpus declare a cluster that --ray local"),
+])
+def test_bad_worker_options_are_one_line_and_exit_2(tmp_path, argv, message):
+    done = run_cli("ingest", "worker", "--db", str(tmp_path / "w.duckdb"), "--exit-when-idle", *argv)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert not (tmp_path / "w.duckdb").exists()
