@@ -66,6 +66,17 @@ def _job(db: Path, job_id: int) -> dict:
         return store.get_job(job_id)
 
 
+def _listening_ports() -> set[int]:
+    """Ports something on this machine listens on (TCP, IPv4 and IPv6), from /proc/net."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def _ray_processes() -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
     return [line for line in out if re.search(r"\b(raylet|gcs_server)\b", line)]
@@ -113,6 +124,7 @@ def test_cancel_stops_a_running_task_and_writes_no_run(tmp_path):
     worker = _worker(db, "--exit-when-idle")
     try:
         wait_for(lambda: "running on Ray node" in (_job(db, job_id)["log"] or ""), "the task to start", 600)
+        assert 8265 not in _listening_ports()  # Ray's dashboard is off
         assert run_cli("ingest", "cancel", str(job_id), "--db", str(db)).returncode == 0
         out, _ = worker.communicate(timeout=300)
     finally:

@@ -21,8 +21,9 @@ running at once (default: the cluster's GPUs, or its CPUs when it has none):
    `<db>.bundles/job-N` (one rename) and imported here (`worker.finish_run`), so DuckDB keeps
    its single writer and a job has at most one run (Store.insert_run). Change detection, which
    re-reads a run's whole series, runs every FOLLOW_S for the series that new runs joined, each
-   series once (`track.follow_runs`), then bisects are planned: with many runs a minute, one
-   detection per run would make the writer's work grow with the square of the series' length.
+   series once (`track.follow_runs`), then bisects are planned; never more than FOLLOW_SHARE of
+   the worker's time: with many runs a minute, one detection per run would make the writer's work
+   grow with the square of the series' length, and detection would starve the imports.
 
 Cancel: the job's heartbeat reads "cancel"; the task is told through the actor, its engine stops
 its command (the process group) and the job ends cancelled with no run; a task that has not
@@ -81,7 +82,9 @@ from .worker import (
 )
 
 RELAY_S = 1.0  # how often a task hands over its lines and asks whether to stop (and the worker reads them)
-FOLLOW_S = 5.0  # how often the worker detects the changes of the series that new runs joined
+FOLLOW_S = 5.0  # how often (at most) the worker detects the changes of the series that new runs joined
+FOLLOW_SHARE = 0.25  # ... and never more than this share of its time: after a detection round of d
+# seconds the next waits at least d * (1 / FOLLOW_SHARE - 1), so imports keep the rest as the fleet grows
 CANCEL_GRACE_S = 30.0  # a told task that has not ended by then is killed
 RAY_RETRIES = 1  # Ray runs a task again once when its process or node dies
 MAX_BUNDLE_BYTES = 1 << 30  # a result bundle larger than this is refused (traces are tens of MB)
@@ -386,7 +389,8 @@ def run_fleet_worker(db_path: str, config: Config, rules: list[Rule], address: s
     relay = _Relay.remote()
     flights: dict[int, _InFlight] = {}
     stats = FleetStats()
-    last_beat = last_relay = last_follow = 0.0
+    last_beat = last_relay = 0.0
+    next_follow = 0.0
     to_follow: list[int] = []  # new runs whose series' changes are not detected yet
 
     def timed(key: str, fn, *args):
@@ -448,9 +452,11 @@ def run_fleet_worker(db_path: str, config: Config, rules: list[Rule], address: s
                 stats.imported += status == "succeeded"
                 if followed is not None:
                     to_follow.append(followed)
-            if to_follow and (now - last_follow >= FOLLOW_S or not flights):
+            if to_follow and (now >= next_follow or not flights):
+                took = time.perf_counter()
                 timed("follow_s", _follow, db_path, config, to_follow, say)
-                to_follow, last_follow = [], now
+                took = time.perf_counter() - took
+                to_follow, next_follow = [], time.monotonic() + max(FOLLOW_S, took * (1 / FOLLOW_SHARE - 1))
             if now - last_beat >= HEARTBEAT_S:
                 timed("beat_s", _beat_all, db_path, flights)
                 last_beat = now

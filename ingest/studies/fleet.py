@@ -12,6 +12,9 @@ its workload's `seed` set to the job id, so every run is new to the database). E
 the real path: a fresh Ray process per task (max_calls=1), the relay, tar bytes back, the kept
 bundle, the import, change detection on the commit's series, the job's record.
 
+`--writer-only` measures the writer alone, no Ray: 40 unique copies of the bundle imported in turn
+(read and analyse, then write, as the worker does), and the detection of their 20-commit series.
+
 It prints: the wall time and runs per hour end to end, what the writer spent per run (claim,
 import + detection + record, heartbeats, relay), and the writer's ceiling (3600 / the writer's
 seconds per run): how many runs per hour one writer can take in whatever the fleet's size. The
@@ -25,16 +28,19 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from db.store import open_db
+from db.store import open_db, run_tables
 from ingest.runs.fleet import pack_bundle, run_fleet_worker
 from ingest.runs.git import CommitInfo
 from ingest.runs.spec import Config, RunSpec, Workload
+from ingest.runs.track import follow_runs
 from ingest.traces.categories import load_rule_chain
+from ingest.traces.importer import ImportOptions, prepare_import
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "tests" / "data" / "bundles" / "tiny-fused-eager-nostack"
@@ -82,6 +88,35 @@ def queue_jobs(db: str, jobs: int) -> None:
             store.enqueue_job(spec.to_json(), spec.describe(), "fleet benchmark")
 
 
+def measure_writer(runs: int = 40) -> dict:
+    """The one writer's cost per run without Ray: median ms to read and analyse a bundle, and to
+    write it (commit and run), then one detection of the series they form."""
+    rules = load_rule_chain()
+    with tempfile.TemporaryDirectory(prefix="stepwatch-writer-") as work:
+        db = str(Path(work) / "w.duckdb")
+        prepare, write, run_ids = [], [], []
+        for i in range(runs):
+            bundle = Path(shutil.copytree(BUNDLE, Path(work) / f"b{i}"))
+            trace = bundle / "trace.json.gz"
+            trace.write_bytes(gzip.compress(gzip.decompress(trace.read_bytes()), mtime=i + 1))
+            t0 = time.perf_counter()
+            record = prepare_import(bundle, rules, ImportOptions(repo=REPO, commit=_sha(i // 2 + 1)))
+            tables = run_tables(record)
+            t1 = time.perf_counter()
+            with open_db(db) as store:
+                store.record_commit(REPO, _sha(i // 2 + 1), "2026-01-01T00:00:00+00:00", "bench", f"c{i // 2 + 1}",
+                                    i // 2 + 1)
+                run_ids.append(store.insert_run(record, tables)[0])
+            prepare.append(t1 - t0)
+            write.append(time.perf_counter() - t1)
+        t0 = time.perf_counter()
+        follow_runs(db, run_ids[-1:])
+        detect = time.perf_counter() - t0
+    return {"runs": runs, "read_and_analyse_ms": round(statistics.median(prepare) * 1e3, 1),
+            "write_ms": round(statistics.median(write) * 1e3, 1), "detect_one_series_s": round(detect, 2),
+            "imports_per_hour": round(3600 / (statistics.median(prepare) + statistics.median(write)))}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ingest.studies.fleet", description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=2000)
@@ -89,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=64, help="logical GPUs the local cluster declares")
     p.add_argument("--cpus", type=int, default=None, help="logical CPUs (default: --gpus, one a task)")
     p.add_argument("--max-in-flight", type=int, default=None)
+    p.add_argument("--writer-only", action="store_true", help="the writer's cost per run alone, no Ray")
     args = p.parse_args(argv)
+    if args.writer_only:
+        print(json.dumps(measure_writer(), indent=1))
+        return 0
     os.environ[SLEEP_ENV], os.environ[BUNDLE_ENV] = str(args.sleep_s), str(BUNDLE)  # (the task's code is a copy)
     with tempfile.TemporaryDirectory(prefix="stepwatch-fleet-") as work:
         db = str(Path(work) / "fleet.duckdb")
