@@ -21,6 +21,14 @@ DATA = ROOT / "tests" / "data"
 TRACES = DATA / "traces"
 
 
+def git(repo: Path, *args: str) -> str:
+    """`git -C repo args...` with a fixed author, its output stripped (tests' own repositories)."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "T",
+           "GIT_COMMITTER_EMAIL": "t@x"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m <args>` from the repository root, capturing output."""
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,

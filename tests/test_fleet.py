@@ -23,16 +23,10 @@ import pytest
 from db.store import open_db
 from ingest.runs.fleet import pack_bundle, task_resources, unpack_bundle
 from ingest.runs.spec import RunSpec, Workload
-from tests.helpers import ROOT, run_cli, wait_for
+from tests.helpers import ROOT, git, run_cli, wait_for
 
 TINY = ["--engine", "reference", "--preset", "tiny", "--device", "cpu", "--profile-steps", "2"]
 RAY_LOCAL = ["--ray", "local", "--ray-cpus", "4", "--ray-gpus", "4", "--gpus-per-run", "1"]
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={**os.environ, "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@x",
-                               "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@x"}).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +34,9 @@ def eight_commits(tmp_path_factory) -> Path:
     """stepwatch's kernels/ at 9 commits; the 5th makes the tiny preset 8 layers deep instead of 4."""
     repo = tmp_path_factory.mktemp("fleetrepo")
     shutil.copytree(ROOT / "kernels", repo / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "c0")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "c0")
     workload = repo / "kernels" / "workload.py"
     for i in range(1, 9):
         if i == 5:
@@ -51,8 +45,8 @@ def eight_commits(tmp_path_factory) -> Path:
             workload.write_text(text.replace('preset="tiny", layers=4,', 'preset="tiny", layers=8,'))
         else:
             (repo / f"NOTE{i}").write_text(f"{i}\n")
-            _git(repo, "add", f"NOTE{i}")
-        _git(repo, "commit", "-q", "-am", f"c{i}")
+            git(repo, "add", f"NOTE{i}")
+        git(repo, "commit", "-q", "-am", f"c{i}")
     return repo
 
 
@@ -64,6 +58,14 @@ def _worker(db: Path, *more: str) -> subprocess.Popen:
 def _job(db: Path, job_id: int) -> dict:
     with open_db(db, read_only=True) as store:
         return store.get_job(job_id)
+
+
+def _queue_a_long_run(db: Path) -> int:
+    """One job of this checkout's HEAD, 400 profiled steps of the tiny preset (over a minute on CPU)."""
+    queued = run_cli("ingest", "backfill", "--repo", str(ROOT), "--range", "HEAD~1..HEAD", "--engine", "reference",
+                     "--preset", "tiny", "--device", "cpu", "--profile-steps", "400", "--kv", "fused", "--db", str(db))
+    assert queued.returncode == 0, queued.stderr
+    return int(queued.stdout.split()[0])
 
 
 def _listening_ports() -> set[int]:
@@ -117,10 +119,7 @@ def test_a_backfill_of_8_commits_x_2_variants_runs_in_parallel_tasks_and_each_ru
 @pytest.mark.slow
 def test_cancel_stops_a_running_task_and_writes_no_run(tmp_path):
     db = tmp_path / "c.duckdb"
-    queued = run_cli("ingest", "backfill", "--repo", str(ROOT), "--range", "HEAD~1..HEAD", "--engine", "reference",
-                     "--preset", "tiny", "--device", "cpu", "--profile-steps", "400", "--kv", "fused", "--db", str(db))
-    assert queued.returncode == 0, queued.stderr
-    job_id = int(queued.stdout.split()[0])
+    job_id = _queue_a_long_run(db)
     worker = _worker(db, "--exit-when-idle")
     try:
         wait_for(lambda: "running on Ray node" in (_job(db, job_id)["log"] or ""), "the task to start", 600)
@@ -141,10 +140,7 @@ def test_cancel_stops_a_running_task_and_writes_no_run(tmp_path):
 @pytest.mark.slow
 def test_a_killed_task_process_is_run_again_once_then_the_job_fails_with_the_reason(tmp_path):
     db = tmp_path / "k.duckdb"
-    queued = run_cli("ingest", "backfill", "--repo", str(ROOT), "--range", "HEAD~1..HEAD", "--engine", "reference",
-                     "--preset", "tiny", "--device", "cpu", "--profile-steps", "400", "--kv", "fused", "--db", str(db))
-    assert queued.returncode == 0, queued.stderr
-    job_id = int(queued.stdout.split()[0])
+    job_id = _queue_a_long_run(db)
     started = re.compile(r"running on Ray node \w+ \(pid (\d+)\)")
     worker = _worker(db, "--exit-when-idle")
     try:

@@ -3,16 +3,14 @@ fifth switches the fused KV path back to casting the whole pool (the seeds' regr
 the first and last commits are queued; the worker's change tracking finds the regression
 between them and bisects to the planted commit. Real processes, git, DuckDB; tiny preset, CPU."""
 
-import os
 import re
 import shutil
-import subprocess
 
 import pytest
 
 from db.store import open_db
 from db.views import list_changes
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, git, run_cli
 
 pytestmark = pytest.mark.slow  # a worker bisecting with real runs
 
@@ -20,18 +18,11 @@ FUSED = "return gather_cast_fp8_to_bf16(pool, s.rows, s.n_active, out=self._kv_r
 WHOLE_POOL = "return pool.view(FP8).to(BF16)[s.rows]  # back to casting the whole pool"
 
 
-def _git(repo, *args):
-    env = {**os.environ, "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "T",
-           "GIT_COMMITTER_EMAIL": "t@x"}
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env=env).stdout.strip()
-
-
 def _make_repo(path):
     shutil.copytree(ROOT / "kernels", path / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
-    _git(path, "init", "-q", "-b", "main")
-    _git(path, "add", "-A")
-    _git(path, "commit", "-q", "-m", "c1")
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "c1")
     workload = path / "kernels" / "workload.py"
     for n in range(2, 9):
         if n == 5:
@@ -40,9 +31,9 @@ def _make_repo(path):
             workload.write_text(text.replace(FUSED, WHOLE_POOL))
         else:
             (path / f"note{n}.txt").write_text(f"commit {n}\n")
-            _git(path, "add", "-A")
-        _git(path, "commit", "-q", "-am", f"c{n}" + (": fused KV path casts the whole pool again" if n == 5 else ""))
-    return [_git(path, "rev-parse", f"main~{8 - n}") for n in range(1, 9)]
+            git(path, "add", "-A")
+        git(path, "commit", "-q", "-am", f"c{n}" + (": fused KV path casts the whole pool again" if n == 5 else ""))
+    return [git(path, "rev-parse", f"main~{8 - n}") for n in range(1, 9)]
 
 
 def test_worker_bisects_to_the_planted_commit(tmp_path):

@@ -3,7 +3,6 @@ job queue's states, cancellation, timeouts, a dead worker, bad specs, and commit
 real git repository. Real processes, a real DuckDB file, a real git checkout."""
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -18,15 +17,9 @@ from ingest.runs.errors import SpecError
 from ingest.runs.git import list_first_parent, resolve_ref
 from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import Config, RepoConfig, parse_spec
-from tests.helpers import ROOT, run_cli, wait_for
+from tests.helpers import ROOT, git, run_cli, wait_for
 
 TINY = ["--engine", "reference", "--preset", "tiny", "--kv", "fused", "--device", "cpu", "--profile-steps", "2"]
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={**os.environ, "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@x",
-                               "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@x"}).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +28,17 @@ def bench_repo(tmp_path_factory) -> Path:
     the tiny preset twice as deep (8 layers), as a regression would."""
     repo = tmp_path_factory.mktemp("benchrepo")
     shutil.copytree(ROOT / "kernels", repo / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "first: tiny has 4 layers")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first: tiny has 4 layers")
     workload = repo / "kernels" / "workload.py"
     text = workload.read_text()
     assert 'preset="tiny", layers=4,' in text
     workload.write_text(text.replace('preset="tiny", layers=4,', 'preset="tiny", layers=8,'))
-    _git(repo, "commit", "-q", "-am", "second: tiny has 8 layers")
+    git(repo, "commit", "-q", "-am", "second: tiny has 8 layers")
     (repo / "NOTES").write_text("a commit that changes nothing measured\n")
-    _git(repo, "add", "NOTES")
-    _git(repo, "commit", "-q", "-m", "third: notes")
+    git(repo, "add", "NOTES")
+    git(repo, "commit", "-q", "-m", "third: notes")
     return repo
 
 
