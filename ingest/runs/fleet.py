@@ -435,6 +435,7 @@ def run_fleet_worker(db_path: str, config: Config, rules: list[Rule], address: s
                 if to_follow:
                     timed("follow_s", _follow, db_path, config, to_follow, say)
                     to_follow = []
+                    continue  # the detection may have queued bisect jobs: look at the queue again
                 if stopping.is_set() or (exit_when_idle and idle):
                     break
                 stopping.wait(poll_s)
