@@ -294,9 +294,9 @@ def run_import(args) -> int:
         tables = run_tables(record)  # here, at batch priority, before the database thread holds the file
         run_id, created = db_thread(_store_import, args.db, record, tables, facts)
         if created and record.commit:
-            from .runs.track import follow_run
+            from .runs.track import follow_runs
 
-            follow_run(args.db, run_id, db_thread)  # its own short connections: the detection runs with none open
+            follow_runs(args.db, [run_id], db_thread)  # its own short connections: the detection runs with none open
     print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "
           f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
     print(run_id)

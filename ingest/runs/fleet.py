@@ -62,9 +62,7 @@ from ..limits import MAX_ATTEMPTS
 from ..traces.categories import Rule
 from .repos import ROOT
 from .spec import Config, RangeSpec, RunSpec, parse_job_spec
-from .bisect import plan_bisects
 from .survival import kept_bundle_path, make_work_dir
-from .track import follow_runs
 from .worker import (
     HEARTBEAT_S,
     STALE_S,
@@ -72,6 +70,7 @@ from .worker import (
     Reporter,
     execute_job,
     finish_run,
+    follow_changes,
     keep_bundle,
     outcome_of,
     poll_queue,
@@ -304,8 +303,10 @@ def _relay_in(relay, flights: dict[int, _InFlight]) -> None:
                 flights[job_id].pids.append(pid)
 
 
-def _finish(db_path: str, config: Config, rules: list[Rule], f: _InFlight, say: Callable[[str], None]) -> str:
-    """Take in a task's result: import its bundle (succeeded) or write how it ended."""
+def _finish(db_path: str, config: Config, rules: list[Rule], f: _InFlight,
+            say: Callable[[str], None]) -> tuple[str, int | None]:
+    """Take in a task's result: import its bundle (succeeded) or write how it ended. Returns the
+    status written and the new run's id when its changes are to be followed (it has a commit)."""
     job_id, reporter = f.job["job_id"], f.reporter
     try:
         result = ray.get(f.ref)
@@ -323,7 +324,7 @@ def _finish(db_path: str, config: Config, rules: list[Rule], f: _InFlight, say: 
         try:
             bundle = keep_bundle(db_path, job_id, unpack_bundle(result["bundle"], work), work)
             outcome = finish_run(db_path, job_id, f.spec, config, rules, bundle, result["repo"], result["commit"],
-                                 reporter, follow=False)  # changes: many runs' at once (_follow)
+                                 reporter, follow=False)  # changes: many runs' at once (follow_changes)
         except Exception as e:  # noqa: BLE001
             outcome = outcome_of(e, reporter)
         finally:
@@ -340,19 +341,6 @@ def _finish(db_path: str, config: Config, rules: list[Rule], f: _InFlight, say: 
     if status == "succeeded" and result.get("commit") is not None:
         return status, outcome.run_id
     return status, None
-
-
-def _follow(db_path: str, config: Config, run_ids: list[int], say: Callable[[str], None]) -> None:
-    """Detect the changes of the series new runs joined (each series once) and queue bisects;
-    as after a local job, a failure here is said, it fails no job."""
-    try:
-        for row in follow_runs(db_path, run_ids):
-            if row["metric"] in ("tok_per_s", "step_ms"):
-                say(f"change: {row['repo']} {row['variant'] or ''} {row['metric']} {row['direction']} "
-                    f"{row['rel_change']:+.1%} (p={row['p_value']:.2g})")
-        plan_bisects(db_path, config, say)
-    except Exception as e:  # noqa: BLE001
-        say(f"change tracking failed: {type(e).__name__}: {e}")
 
 
 @dataclass
@@ -433,7 +421,7 @@ def run_fleet_worker(db_path: str, config: Config, rules: list[Rule], address: s
                 flights[job["job_id"]] = _InFlight(job, spec, reporter, ref)
             if not flights:
                 if to_follow:
-                    timed("follow_s", _follow, db_path, config, to_follow, say)
+                    timed("follow_s", follow_changes, db_path, to_follow, config, say)
                     to_follow = []
                     continue  # the detection may have queued bisect jobs: look at the queue again
                 if stopping.is_set() or (exit_when_idle and idle):
@@ -455,7 +443,7 @@ def run_fleet_worker(db_path: str, config: Config, rules: list[Rule], address: s
                     to_follow.append(followed)
             if to_follow and (now >= next_follow or not flights):
                 took = time.perf_counter()
-                timed("follow_s", _follow, db_path, config, to_follow, say)
+                timed("follow_s", follow_changes, db_path, to_follow, config, say)
                 took = time.perf_counter() - took
                 to_follow, next_follow = [], time.monotonic() + max(FOLLOW_S, took * (1 / FOLLOW_SHARE - 1))
             if now - last_beat >= HEARTBEAT_S:

@@ -196,55 +196,44 @@ def track_changes(store, repo: str | None = None, seq_range: tuple[int, int] | N
     return found
 
 
-def follow_run(db_path: str, run_id: int, db_call: Callable | None = None) -> tuple[dict | None, list[dict]]:
-    """Re-detect the changes of a new run's series and store them: read (one short connection),
-    detect (none, at batch priority: ingest/priority.py), write (another short one). `db_call`
-    runs the two database steps (a command's DatabaseThread); by default they run here.
-    Returns (the series' stored names or None, the stored rows)."""
+def follow_runs(db_path: str, run_ids: list[int], db_call: Callable | None = None) -> list[dict]:
+    """Re-detect the changes of the series new runs joined and store them, each series once
+    however many of its runs arrived (a job's one run, or the fleet worker's every few seconds):
+    read (one short connection), detect (none open, at batch priority: ingest/priority.py),
+    write (a short one a series). `db_call` runs the database steps (a command's DatabaseThread);
+    by default they run here. Returns the stored rows."""
+    return _follow(db_path, lambda store: _series_of_runs(store, run_ids), db_call)
+
+
+def follow_series(db_path: str, series: dict, db_call: Callable | None = None) -> list[dict]:
+    """follow_runs for one series named as list_tracked_series names it (a series that `ingest
+    merge` added runs to, or whose commit order it learnt)."""
+    return _follow(db_path, lambda store: [series], db_call)
+
+
+def _follow(db_path: str, pick: Callable, db_call: Callable | None) -> list[dict]:
     call = db_call or (lambda fn, *args: fn(*args))
-    series, data = call(_read_series_of_run, db_path, run_id)
-    if series is None:
-        return None, []
-    rows = run_as_batch(detect_series_changes, data)  # seconds of CPU on a loaded machine
-    call(_write_changes, db_path, series, rows)
-    stored = stored_series(series)
-    return stored, [{**stored, **r} for r in rows]
+    found = []
+    for series, data in call(_load_series, db_path, pick):
+        rows = run_as_batch(detect_series_changes, data)  # seconds of CPU on a loaded machine
+        call(_write_changes, db_path, series, rows)
+        found += [{**stored_series(series), **r} for r in rows]
+    return found
 
 
-def _read_series_of_run(db_path: str, run_id: int):
+def _series_of_runs(store, run_ids: list[int]) -> list[dict]:
+    """The distinct series the runs belong to (runs without a commit have none)."""
+    named = [get_series_of_run(store, run_id) for run_id in run_ids]
+    return list({json.dumps(stored_series(s), sort_keys=True, default=str): s for s in named if s is not None}.values())
+
+
+def _load_series(db_path: str, pick: Callable) -> list[tuple[dict, SeriesData | None]]:
     # (not read-only: DuckDB refuses a read-only attachment beside the read-write one that a
     # worker's heartbeat thread may hold in the same process)
     with open_db(db_path) as store:
-        series = get_series_of_run(store, run_id)
-        return series, (load_series(store, series) if series is not None else None)
+        return [(series, load_series(store, series)) for series in pick(store)]
 
 
 def _write_changes(db_path: str, series: dict, rows: list[dict]) -> None:
     with open_db(db_path) as store:
         replace_changes(store, series, rows)
-
-
-def follow_series(db_path: str, series: dict, db_call: Callable | None = None) -> list[dict]:
-    """follow_run for one series named as list_tracked_series names it (a series that `ingest
-    merge` added runs to, or whose commit order it learnt): read, detect with no connection open,
-    write. Returns the stored rows."""
-    call = db_call or (lambda fn, *args: fn(*args))
-    data = call(_read_series, db_path, series)
-    rows = run_as_batch(detect_series_changes, data)
-    call(_write_changes, db_path, series, rows)
-    stored = stored_series(series)
-    return [{**stored, **r} for r in rows]
-
-
-def _read_series(db_path: str, series: dict) -> SeriesData | None:
-    with open_db(db_path) as store:  # not read-only: as _read_series_of_run
-        return load_series(store, series)
-
-
-def follow_runs(db_path: str, run_ids: list[int]) -> list[dict]:
-    """follow_run for many new runs at once (the fleet worker's, every few seconds): each series
-    they belong to is detected once, however many of its runs arrived. Returns the stored rows."""
-    with open_db(db_path) as store:  # not read-only: as _read_series_of_run
-        named = [get_series_of_run(store, run_id) for run_id in run_ids]
-    distinct = {json.dumps(stored_series(s), sort_keys=True, default=str): s for s in named if s is not None}
-    return [row for series in distinct.values() for row in follow_series(db_path, series)]

@@ -58,7 +58,7 @@ from .survival import (
     remove_work_dirs,
     take_back_dead_jobs,
 )
-from .track import follow_run
+from .track import follow_runs
 
 HEARTBEAT_S = 2.0
 STALE_S = 60.0
@@ -176,17 +176,15 @@ def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) 
     return engine.run(spec, config, host, checkout, work_dir, io), repo, commit
 
 
-def _follow_changes(db_path: str, run_id: int, config: Config, say: Callable[[str], None]) -> None:
-    """Re-detect changes in the run's series and queue bisect runs; a failure here is logged,
-    it does not fail the job that produced a good run."""
+def follow_changes(db_path: str, run_ids: list[int], config: Config, say: Callable[[str], None]) -> None:
+    """Re-detect changes in the series of new runs (each series once) and queue bisect runs; a
+    failure here is said, it does not fail the job that produced a good run."""
     try:
-        series, found = follow_run(db_path, run_id)  # no connection held while it detects
-        if series is None:
-            return
-        for row in found:
+        for row in follow_runs(db_path, run_ids):  # no connection held while it detects
             if row["metric"] in ("tok_per_s", "step_ms"):
-                say(f"change: {row['metric']} {row['direction']} {row['rel_change']:+.1%} "
-                    f"(p={row['p_value']:.2g}), {row['commits_between']} unmeasured commits between")
+                say(f"change: {row['repo']} {row['variant'] or 'no variant'}: {row['metric']} {row['direction']} "
+                    f"{row['rel_change']:+.1%} (p={row['p_value']:.2g}), {row['commits_between']} unmeasured commits "
+                    "between")
         plan_bisects(db_path, config, say)  # git runs with no connection open
     except Exception as e:  # noqa: BLE001
         say(f"change tracking failed: {type(e).__name__}: {e}")
@@ -277,7 +275,7 @@ def finish_run(db_path: str, job_id: int, spec: RunSpec, config: Config, rules: 
     task, which follows the changes of many runs at once)."""
     run_id = _import(db_path, job_id, spec, rules, bundle, repo, commit, reporter)
     if follow and commit is not None:
-        _follow_changes(db_path, run_id, config, reporter.line)
+        follow_changes(db_path, [run_id], config, reporter.line)
     return Outcome("succeeded", run_id)
 
 
