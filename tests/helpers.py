@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +28,16 @@ def git(repo: Path, *args: str) -> str:
            "GIT_COMMITTER_EMAIL": "t@x"}
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
                           env=env).stdout.strip()
+
+
+def kernels_repo(path: Path, message: str) -> Path:
+    """A git repository at `path` holding this checkout's kernels/ in one commit (`message`), on
+    branch main: what the reference engine measures at the commits a test then adds."""
+    shutil.copytree(ROOT / "kernels", path / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", message)
+    return path / "kernels" / "workload.py"
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

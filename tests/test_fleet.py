@@ -11,7 +11,6 @@ is the same ray.init with an address.)"""
 import io
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 from db.store import open_db
 from ingest.runs.fleet import pack_bundle, task_resources, unpack_bundle
 from ingest.runs.spec import RunSpec, Workload
-from tests.helpers import ROOT, git, run_cli, wait_for
+from tests.helpers import ROOT, git, kernels_repo, run_cli, wait_for
 
 TINY = ["--engine", "reference", "--preset", "tiny", "--device", "cpu", "--profile-steps", "2"]
 RAY_LOCAL = ["--ray", "local", "--ray-cpus", "4", "--ray-gpus", "4", "--gpus-per-run", "1"]
@@ -33,11 +32,7 @@ RAY_LOCAL = ["--ray", "local", "--ray-cpus", "4", "--ray-gpus", "4", "--gpus-per
 def eight_commits(tmp_path_factory) -> Path:
     """stepwatch's kernels/ at 9 commits; the 5th makes the tiny preset 8 layers deep instead of 4."""
     repo = tmp_path_factory.mktemp("fleetrepo")
-    shutil.copytree(ROOT / "kernels", repo / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "c0")
-    workload = repo / "kernels" / "workload.py"
+    workload = kernels_repo(repo, "c0")
     for i in range(1, 9):
         if i == 5:
             text = workload.read_text()

@@ -4,13 +4,12 @@ the first and last commits are queued; the worker's change tracking finds the re
 between them and bisects to the planted commit. Real processes, git, DuckDB; tiny preset, CPU."""
 
 import re
-import shutil
 
 import pytest
 
 from db.store import open_db
 from db.views import list_changes
-from tests.helpers import ROOT, git, run_cli
+from tests.helpers import git, kernels_repo, run_cli
 
 pytestmark = pytest.mark.slow  # a worker bisecting with real runs
 
@@ -19,11 +18,7 @@ WHOLE_POOL = "return pool.view(FP8).to(BF16)[s.rows]  # back to casting the whol
 
 
 def _make_repo(path):
-    shutil.copytree(ROOT / "kernels", path / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
-    git(path, "init", "-q", "-b", "main")
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "c1")
-    workload = path / "kernels" / "workload.py"
+    workload = kernels_repo(path, "c1")
     for n in range(2, 9):
         if n == 5:
             text = workload.read_text()

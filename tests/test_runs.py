@@ -3,7 +3,6 @@ job queue's states, cancellation, timeouts, a dead worker, bad specs, and commit
 real git repository. Real processes, a real DuckDB file, a real git checkout."""
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +16,7 @@ from ingest.runs.errors import SpecError
 from ingest.runs.git import list_first_parent, resolve_ref
 from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import Config, RepoConfig, parse_spec
-from tests.helpers import ROOT, git, run_cli, wait_for
+from tests.helpers import ROOT, git, kernels_repo, run_cli, wait_for
 
 TINY = ["--engine", "reference", "--preset", "tiny", "--kv", "fused", "--device", "cpu", "--profile-steps", "2"]
 
@@ -27,11 +26,7 @@ def bench_repo(tmp_path_factory) -> Path:
     """A git repository holding stepwatch's kernels/ at three commits; the middle one makes
     the tiny preset twice as deep (8 layers), as a regression would."""
     repo = tmp_path_factory.mktemp("benchrepo")
-    shutil.copytree(ROOT / "kernels", repo / "kernels", ignore=shutil.ignore_patterns("__pycache__", "results"))
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "first: tiny has 4 layers")
-    workload = repo / "kernels" / "workload.py"
+    workload = kernels_repo(repo, "first: tiny has 4 layers")
     text = workload.read_text()
     assert 'preset="tiny", layers=4,' in text
     workload.write_text(text.replace('preset="tiny", layers=4,', 'preset="tiny", layers=8,'))
