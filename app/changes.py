@@ -139,8 +139,8 @@ def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFra
         elif r.a_calls_per_step != r.b_calls_per_step:
             kind = CHANGED
         else:
-            v = compare_means(r.a_ms_per_step, _finite(r.a_ms_per_step_sd), int(r.a_steps), r.b_ms_per_step,
-                              _finite(r.b_ms_per_step_sd), int(r.b_steps), spread=spread)
+            v = compare_means(r.a_ms_per_step, finite_or_none(r.a_ms_per_step_sd), int(r.a_steps), r.b_ms_per_step,
+                              finite_or_none(r.b_ms_per_step_sd), int(r.b_steps), spread=spread)
             kind, p, low, high = v.verdict, v.p, v.ci_low, v.ci_high
         kinds.append(kind)
         ps.append(p)
@@ -149,5 +149,6 @@ def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFra
     return diff.assign(change=kinds, p=ps, ci_low=lows, ci_high=highs)
 
 
-def _finite(x) -> float | None:
+def finite_or_none(x) -> float | None:
+    """A number as a float; None for None or NaN (a spread a kernel row or a category lacks)."""
     return float(x) if x is not None and not pd.isna(x) else None

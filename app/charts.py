@@ -8,7 +8,7 @@ import pandas as pd
 
 from ingest.regress.uncertainty import WITHIN_NOISE, compare_means
 
-from .changes import describe_change
+from .changes import describe_change, finite_or_none
 from .labels import label_commit
 
 # one colour per kernel category on every page; `idle` is the step's time with no kernel running
@@ -206,8 +206,8 @@ def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame
     spreads = all(c in diff.columns for c in ("a_sd_ms", "b_sd_ms", "a_steps", "b_steps"))
     for r in diff.itertuples():
         known = spreads and pd.notna(r.a_steps) and pd.notna(r.b_steps)
-        v = compare_means(float(r.a_ms_per_step), _finite(r.a_sd_ms), int(r.a_steps), float(r.b_ms_per_step),
-                          _finite(r.b_sd_ms), int(r.b_steps), spread=spread) if known else None
+        v = compare_means(float(r.a_ms_per_step), finite_or_none(r.a_sd_ms), int(r.a_steps), float(r.b_ms_per_step),
+                          finite_or_none(r.b_sd_ms), int(r.b_steps), spread=spread) if known else None
         inside = v is not None and v.ci_low is not None
         lows.append(v.ci_low * v.median_a if inside else None)  # (compare_means: the means)
         highs.append(v.ci_high * v.median_a if inside else None)
@@ -216,10 +216,6 @@ def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame
     rows["noise"] = noise
     rows["label"] = [f"{d:+,.3f} ms" + (" (noise)" if n else "") for d, n in zip(rows["delta_ms"], rows["noise"])]
     return rows
-
-
-def _finite(x) -> float | None:
-    return float(x) if x is not None and not pd.isna(x) else None
 
 
 def change_chart(rows: pd.DataFrame) -> alt.LayerChart:
