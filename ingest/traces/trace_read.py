@@ -186,9 +186,9 @@ class _Columns:
         try:
             ids = np.fromiter(values, np.int64, len(values))  # the usual case: in C
         except (TypeError, OverflowError):  # a null, or an id beyond int64
-            ids = np.array([-1 if v is None or not -1 <= v < 2**63 else v for v in values], np.int64)
-            self.ids_out_of_range += sum(1 for v in values if v is not None and not -1 <= v < 2**63)
-            return ids
+            bad = [v is not None and not -1 <= v < 2**63 for v in values]
+            self.ids_out_of_range += sum(bad)
+            return np.array([-1 if v is None or b else v for v, b in zip(values, bad)], np.int64)
         bad = ids < -1
         if bad.any():
             self.ids_out_of_range += int(bad.sum())
