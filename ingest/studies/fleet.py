@@ -31,7 +31,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, astuple
 from pathlib import Path
 
 from db.store import open_db, run_tables
@@ -52,6 +52,20 @@ def _sha(i: int) -> str:
     return f"{i:040x}"
 
 
+def _commit(i: int) -> CommitInfo:
+    """The synthetic repository's i-th commit (seq i, a second apart)."""
+    return CommitInfo(_sha(i), f"2026-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}+00:00", "bench", f"c{i}", i)
+
+
+def _unique_copy(source: Path, into: Path, n: int) -> Path:
+    """A copy of the bundle at `into` whose trace has the same events in a gzip member stamped
+    `n` (n > 0): a content hash of its own, so it imports as a new run."""
+    bundle = Path(shutil.copytree(source, into))
+    trace = bundle / "trace.json.gz"
+    trace.write_bytes(gzip.compress(gzip.decompress(trace.read_bytes()), mtime=n))
+    return bundle
+
+
 def stand_in_task(relay, job_id: int, spec_json: str, config: Config) -> dict:
     """In a Ray task: wait like a benchmark, return a real bundle made unique by the job id."""
     relay.started_on.remote(job_id, os.getpid())
@@ -59,18 +73,13 @@ def stand_in_task(relay, job_id: int, spec_json: str, config: Config) -> dict:
     spec = json.loads(spec_json)
     work = Path(tempfile.mkdtemp(prefix=f"stepwatch-standin-{job_id}-"))
     try:
-        bundle = Path(shutil.copytree(os.environ[BUNDLE_ENV], work / "bundle"))
+        bundle = _unique_copy(Path(os.environ[BUNDLE_ENV]), work / "bundle", job_id)
         manifest = json.loads((bundle / "manifest.json").read_text())
         manifest["workload"]["seed"] = job_id
         manifest["workload"]["kv"] = manifest["variant"] = spec["workload"]["kv"]
         manifest["commit"] = spec["ref"]
         (bundle / "manifest.json").write_text(json.dumps(manifest))
-        trace = bundle / "trace.json.gz"  # the same events, a gzip header of its own: a new content hash
-        trace.write_bytes(gzip.compress(gzip.decompress(trace.read_bytes()), mtime=job_id))
-        seq = int(spec["ref"], 16)
-        commit = CommitInfo(spec["ref"], f"2026-01-01T00:{seq // 60 % 60:02d}:{seq % 60:02d}+00:00", "bench",
-                            f"c{seq}", seq)
-        return {"status": "ok", "bundle": pack_bundle(bundle), "repo": REPO, "commit": commit}
+        return {"status": "ok", "bundle": pack_bundle(bundle), "repo": REPO, "commit": _commit(int(spec["ref"], 16))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -79,8 +88,7 @@ def queue_jobs(db: str, jobs: int) -> None:
     commits = max(1, jobs // 2)
     with open_db(db) as store:
         for i in range(1, commits + 1):
-            store.record_commit(REPO, _sha(i), f"2026-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}+00:00", "bench",
-                                f"c{i}", i)
+            store.record_commit(REPO, *astuple(_commit(i)))
         for n in range(jobs):
             kv = ("fused", "full-pool-cast")[n % 2]
             spec = RunSpec("reference", Workload(preset="tiny", kv=kv), device="cuda", repo=REPO,
@@ -96,16 +104,13 @@ def measure_writer(runs: int = 40) -> dict:
         db = str(Path(work) / "w.duckdb")
         prepare, write, run_ids = [], [], []
         for i in range(runs):
-            bundle = Path(shutil.copytree(BUNDLE, Path(work) / f"b{i}"))
-            trace = bundle / "trace.json.gz"
-            trace.write_bytes(gzip.compress(gzip.decompress(trace.read_bytes()), mtime=i + 1))
+            bundle = _unique_copy(BUNDLE, Path(work) / f"b{i}", i + 1)
             t0 = time.perf_counter()
             record = prepare_import(bundle, rules, ImportOptions(repo=REPO, commit=_sha(i // 2 + 1)))
             tables = run_tables(record)
             t1 = time.perf_counter()
             with open_db(db) as store:
-                store.record_commit(REPO, _sha(i // 2 + 1), "2026-01-01T00:00:00+00:00", "bench", f"c{i // 2 + 1}",
-                                    i // 2 + 1)
+                store.record_commit(REPO, *astuple(_commit(i // 2 + 1)))
                 run_ids.append(store.insert_run(record, tables)[0])
             prepare.append(t1 - t0)
             write.append(time.perf_counter() - t1)
