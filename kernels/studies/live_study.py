@@ -141,10 +141,12 @@ if HAS_TRITON:
                              pool_stride, out_stride, PAGE: tl.constexpr, WRITE_INDEX: tl.constexpr,
                              ROWS: tl.constexpr, CHUNKS: tl.constexpr, VEC: tl.constexpr, INDEX_ROWS: tl.constexpr,
                              DIM: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr, EARLY: tl.constexpr,
-                             OFF32: tl.constexpr):
+                             OFF32: tl.constexpr, POOL_EVICT: tl.constexpr = "", OUT_CACHE: tl.constexpr = ""):
         """_gather_live_kernel (grid stride) whose first block's row ids are loaded together with the
         count (EARLY: masked by the ids buffer's length rows_len, not by the count), so a block waits
-        for max(count, ids) and then the pool rows instead of count, then ids, then pool rows."""
+        for max(count, ids) and then the pool rows instead of count, then ids, then pool rows.
+        POOL_EVICT / OUT_CACHE: the pool rows' load eviction policy ('evict_first': read once) and
+        the scratch store's cache modifier ('.cs': streaming), '' for the defaults."""
         PIECES: tl.constexpr = DIM // VEC
         n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max)
         base = tl.program_id(0) * CHUNKS
@@ -165,8 +167,10 @@ if HAS_TRITON:
                 if not EARLY:
                     src = _row_src(rows_ptr, t, mask, PAGE, OFF32)
                 c = (k % PIECES) * VEC
-                x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None])
-                tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
+                x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None],
+                            eviction_policy=POOL_EVICT)
+                tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None],
+                         cache_modifier=OUT_CACHE)
                 if WRITE_INDEX:
                     first = tl.cdiv(base, PIECES)
                     end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
@@ -455,6 +459,8 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
         for key in ("PERSIST", "PREFETCH", "PIPE"):
             kwargs.pop(key)
         kwargs["EARLY"] = var["early"]
+        kwargs["POOL_EVICT"] = var.get("pool_evict", "")
+        kwargs["OUT_CACHE"] = var.get("out_cache", "")
         if var.get("maxnreg"):
             kwargs["maxnreg"] = var["maxnreg"]
         grid = _study_grid(pool2d, most, dim, vec, cfg)
@@ -546,6 +552,13 @@ VARIANTS = {
     "off32_early": {"early": True, "off32": True},
     "off32_late_r32": {"early": False, "off32": True, "maxnreg": 32},
     "off32_early_r32": {"early": True, "off32": True, "maxnreg": 32},
+    # 2026-12-02: cache hints on the pool rows' load and the scratch's store
+    "off32_evict": {"early": False, "off32": True, "pool_evict": "evict_first"},
+    "off32_cs": {"early": False, "off32": True, "out_cache": ".cs"},
+    "off32_evict_cs": {"early": False, "off32": True, "pool_evict": "evict_first", "out_cache": ".cs"},
+    "off32_early_evict_cs": {"early": True, "off32": True, "pool_evict": "evict_first", "out_cache": ".cs"},
+    "off32_pps16_evict_cs": {"early": False, "off32": True, "pool_evict": "evict_first", "out_cache": ".cs",
+                             "cfg": {"PROGRAMS_PER_SM": 16}},
 }
 PAGES_ONLY = ("fused_pf", "fused")
 
