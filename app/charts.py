@@ -288,3 +288,60 @@ def rank_balance_chart(parts: pd.DataFrame) -> alt.Chart:
     ).transform_calculate(
         part_order=" + ".join(f"(datum.part == '{p}' ? {i} : 0)" for i, p in enumerate(order))
     ).properties(height=alt.Step(28))
+
+
+def roofline_chart(points: pd.DataFrame, roofs: pd.DataFrame, hbm: pd.DataFrame) -> alt.VConcatChart:
+    """Top, log-log: each kernel row with FLOPs at its intensity (FLOP per byte) and achieved
+    TFLOP/s, sized by its share of kernel time and coloured by category, the device's roofs
+    (each unit's datasheet peak solid, measured dashed: min(peak, intensity x bandwidth)), the
+    kernels with the most time labelled (staggered, so that neighbours stay legible). Below: the
+    kernels without FLOPs (casts, copies), whose
+    only roof is bandwidth: their achieved TB/s against the HBM roofs. (app/roofline.py's frames.)"""
+    tooltip = [alt.Tooltip("short_name:N", title="kernel"), alt.Tooltip("launcher:N", title="op"),
+               alt.Tooltip("where:N", title="source"), alt.Tooltip("input_dtypes:N", title="input dtypes"),
+               alt.Tooltip("share:Q", title="share", format=".1%"),
+               alt.Tooltip("tflops:Q", title="TFLOP/s", format=",.3f"),
+               alt.Tooltip("tbps:Q", title="TB/s", format=",.3f"),
+               alt.Tooltip("intensity:Q", title="FLOP/byte", format=",.2f"),
+               alt.Tooltip("compute_fraction:Q", title="of compute peak", format=".1%"),
+               alt.Tooltip("bandwidth_fraction:Q", title="of bandwidth peak", format=".1%"),
+               alt.Tooltip("bound:N", title="bound"),
+               alt.Tooltip("flops_per_call:Q", title="FLOPs/call", format=",.4~s"),
+               alt.Tooltip("model_bytes_per_call:Q", title="bytes/call", format=",.4~s")]
+    colour = alt.Color("category:N", scale=_category_scale(points["category"]), title="category")
+    size = alt.Size("share:Q", title="share of kernel time", scale=alt.Scale(range=[30, 900]),
+                    legend=alt.Legend(format=".1%"))
+    placed = points[~points["flat"]]
+    x = alt.X("intensity:Q", title="arithmetic intensity (FLOP per byte read + written)",
+              scale=alt.Scale(type="log"), axis=alt.Axis(format="~g"))
+    y = alt.Y("tflops:Q", title="achieved TFLOP/s", scale=alt.Scale(type="log"), axis=alt.Axis(format="~g"))
+    lines = alt.Chart(roofs).mark_line(strokeWidth=1.5, color="#555").encode(
+        x=x, y=y, detail="roof:N", strokeDash=alt.StrokeDash(
+            "basis:N", title="roofs", scale=alt.Scale(domain=["datasheet", "measured on the card"],
+                                                      range=[[1, 0], [5, 3]])),
+        tooltip=[alt.Tooltip("roof:N"), alt.Tooltip("peak_tflops:Q", title="peak TFLOP/s", format=",.1f"),
+                 alt.Tooltip("tbps:Q", title="bandwidth TB/s", format=",.2f")])
+    ends = roofs[roofs["basis"] == "datasheet"].sort_values("intensity").groupby("roof", as_index=False).last()
+    names = alt.Chart(ends.assign(unit=ends["roof"].str.split(" ").str[0])).mark_text(
+        align="right", dy=-6, fontSize=10, color="#555").encode(x=x, y=y, text="unit:N")
+    dots = alt.Chart(placed).mark_circle(opacity=0.75, stroke="black", strokeWidth=0.5).encode(
+        x=x, y=y, color=colour, size=size, tooltip=tooltip)
+    named = placed[placed["label"] != ""].sort_values(["intensity", "tflops"])
+    labels = [alt.Chart(named.iloc[[i]]).mark_text(align="left", dx=10, dy=15 * (i % 3 - 1), fontSize=11).encode(
+        x=x, y=y, text="label:N") for i in range(len(named))]
+    left = alt.layer(lines, names, dots, *labels).properties(width=560, height=330, title="kernels with FLOPs")
+    flat = points[points["flat"]]
+    if flat.empty:
+        return alt.vconcat(left).configure_legend(orient="bottom", direction="horizontal", columns=4)
+    bars = alt.Chart(flat).mark_bar().encode(
+        y=alt.Y("short_name:N", sort="-x", title=None, axis=alt.Axis(labelLimit=180)),
+        x=alt.X("tbps:Q", title="achieved TB/s (read + written)"), color=colour, tooltip=tooltip)
+    rules = alt.Chart(hbm).mark_rule(color="#555", strokeWidth=1.5).encode(
+        x="tbps:Q", strokeDash=alt.StrokeDash("roof:N", title=None, scale=alt.Scale(range=[[1, 0], [5, 3]])),
+        tooltip=[alt.Tooltip("roof:N"), alt.Tooltip("tbps:Q", title="TB/s", format=",.2f")])
+    values = alt.Chart(flat).mark_text(align="left", dx=4, fontSize=11).encode(
+        y=alt.Y("short_name:N", sort="-x"), x="tbps:Q", text="bar_label:N")
+    right = alt.layer(bars, rules, values).properties(width=560, height=alt.Step(22),
+                                             title="kernels without FLOPs (casts, copies): bandwidth is their roof")
+    return alt.vconcat(left, right).resolve_scale(color="shared", strokeDash="independent").configure_legend(
+        orient="bottom", direction="horizontal", columns=4)

@@ -28,7 +28,8 @@ def _ms(label: str) -> st.column_config.Column:
 # KPI tiles, the diagnosis sentences and the trend tooltips print them: a table shows its frame
 # through as_percent, which scales these columns by 100 for the "%.1f %%" format.
 SHARE_COLUMNS = ("share", "copy_share", "gpu_busy_share", "peak_fraction", "a_share", "b_share",
-                 "a_copy_share", "b_copy_share")
+                 "a_copy_share", "b_copy_share", "compute_fraction", "bandwidth_fraction", "a_roof_fraction",
+                 "b_roof_fraction")
 
 
 def as_percent(frame: pd.DataFrame) -> pd.DataFrame:
@@ -53,25 +54,58 @@ def run_columns() -> dict:
     }
 
 
-def kernel_columns() -> dict:
-    """The Run page's kernel table: these columns, in this order (its frame has more)."""
-    return {
+_ROOFLINE_HELP = ("the launching op's FLOPs, modelled from its recorded shapes (2·M·N·K a GEMM), over the "
+                  "kernel's time; an op's cost is spread over its kernels by their time")
+_BOUND_HELP = ("compute: its intensity is past the ridge point (% compute above % BW); memory: below it; "
+               "latency: under 10 % of both roofs; communication: a collective (its link has no roof here)")
+
+
+def kernel_columns(attributed_by: str | None = None) -> dict:
+    """The Run page's kernel table: these columns, in this order (its frame has more). With
+    `attributed_by` (a graph-kernel attribution's method), the op, line and layers its graph
+    kernels were attributed follow the share, in sight (the launcher and source line the trace
+    itself gives, cudaGraphLaunch, stay where they are)."""
+    columns = {
         "name": st.column_config.TextColumn("kernel", width="large"), "category": "category",
         "calls_per_step": st.column_config.NumberColumn("calls/step", format="%.1f"),
         "mean_us": st.column_config.NumberColumn("mean µs", format="%.2f"),
         "ms_per_step": _ms("ms/step"), "share": _share("share"),
         "gbps": st.column_config.NumberColumn("GB/s", format="%.0f"),
-        "peak_fraction": _share("% of peak"), "launcher": "launcher op", "source": "source line",
+        "peak_fraction": _share("% of peak"),
+        "tflops": st.column_config.NumberColumn("TFLOP/s", format="%.3f", help=_ROOFLINE_HELP),
+        "tbps": st.column_config.NumberColumn("TB/s", format="%.3f", help="the op's modelled bytes (read + "
+                                              "written) over the kernel's time"),
+        "compute_fraction": _share("% compute"), "bandwidth_fraction": _share("% BW"),
+        "bound": st.column_config.TextColumn("bound", help=_BOUND_HELP),
+        "launcher": "launcher op", "source": "source line",
         "calls": "calls", "median_us": st.column_config.NumberColumn("median µs", format="%.2f"),
         "p90_us": st.column_config.NumberColumn("p90 µs", format="%.2f"),
         "bytes_per_call": st.column_config.NumberColumn("bytes/call", format="bytes"),
     }
+    if attributed_by:
+        columns["name"] = st.column_config.TextColumn("kernel", width="medium")  # room for the attribution
+        columns = _insert_after(columns, "share", {
+            "graph_op": st.column_config.TextColumn(
+                f"op (via {attributed_by})", help="the op that launched this kernel's twin in the graph-off run"),
+            "graph_source": st.column_config.TextColumn(f"source line (via {attributed_by})"),
+            "graph_layers": st.column_config.TextColumn("layers", help="the layers (calls of the layer function, "
+                                                        "from 0 in each step) its graph kernels ran in"),
+        })
+    return columns
+
+
+def _insert_after(columns: dict, key: str, more: dict) -> dict:
+    """`columns` with `more` placed right after `key`."""
+    items = list(columns.items())
+    at = [k for k, _ in items].index(key) + 1
+    return dict(items[:at] + list(more.items()) + items[at:])
 
 
 # the kernel diff's columns, in order: what changed and by how much first, the full name last
 KERNEL_DIFF_ORDER = ["change", "delta_ms_per_step", "delta_pct", "interval", "short_name", "a_ms_per_step",
-                     "b_ms_per_step", "a_calls_per_step", "b_calls_per_step", "p", "category", "launcher", "a_share",
-                     "b_share", "name"]
+                     "b_ms_per_step", "a_calls_per_step", "b_calls_per_step", "p", "a_tflops", "b_tflops", "a_tbps",
+                     "b_tbps", "a_roof_fraction", "b_roof_fraction", "category", "launcher", "a_share", "b_share",
+                     "name"]
 
 
 def kernel_diff_columns() -> dict:
@@ -89,6 +123,14 @@ def kernel_diff_columns() -> dict:
         "a_ms_per_step": _ms("A ms/step"), "b_ms_per_step": _ms("B ms/step"),
         "delta_ms_per_step": st.column_config.NumberColumn("Δ ms/step", format="%+.3f"),
         "a_share": _share("A share"), "b_share": _share("B share"),
+        "a_tflops": st.column_config.NumberColumn("A TFLOP/s", format="%.3f"),
+        "b_tflops": st.column_config.NumberColumn("B TFLOP/s", format="%.3f"),
+        "a_tbps": st.column_config.NumberColumn("A TB/s", format="%.3f"),
+        "b_tbps": st.column_config.NumberColumn("B TB/s", format="%.3f"),
+        "a_roof_fraction": _share("A % of roof"),
+        "b_roof_fraction": st.column_config.NumberColumn(
+            "B % of roof", format="%.1f %%", help="the larger of the kernel's compute and bandwidth fractions of the "
+                                                  "datasheet peaks: how close it runs to the roof that binds it"),
     }
 
 

@@ -56,12 +56,14 @@ from .series import series_columns_sql
 from .store import Store, _migration_files
 
 FORMAT = "stepwatch-history"
-VERSION = 2  # 2: runs.timeline, consistency, patterns and kernel_stats.input_dtypes (migration 010)
-READS = (1, 2)  # versions this stepwatch merges; an older version's missing columns arrive as NULL
+VERSION = 3  # 2: runs.timeline, consistency, patterns and kernel_stats.input_dtypes (migration 010);
+# 3: runs.roofline and kernel_stats' roofline columns (migration 011), runs.graph_attribution and
+# kernel_stats.graph_op, graph_source, graph_layers (migration 012)
+READS = (1, 2, 3)  # versions this stepwatch merges; an older version's missing columns arrive as NULL
 MANIFEST_NAME = "manifest.json"
 
 # Each table that travels, its columns and their DuckDB types in the order of the migrations
-# (001-010). JSON columns travel as JSON text (Parquet strings).
+# (001-012). JSON columns travel as JSON text (Parquet strings).
 TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "repos": (("repo_id", "INTEGER"), ("name", "VARCHAR"), ("url", "VARCHAR")),
     "commits": (("commit_id", "INTEGER"), ("repo_id", "INTEGER"), ("sha", "VARCHAR"), ("committed_at", "TIMESTAMP"),
@@ -74,7 +76,8 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
              ("source_path", "VARCHAR"), ("manifest", "JSON"), ("imported_at", "TIMESTAMP"),
              ("workload_key", "VARCHAR"), ("batch_size", "INTEGER"), ("timing_ms_median", "DOUBLE"),
              ("timing_ms_p10", "DOUBLE"), ("timing_ms_p90", "DOUBLE"), ("diagnosis", "JSON"), ("notes", "JSON"),
-             ("timeline", "JSON"), ("consistency", "JSON"), ("patterns", "JSON")),
+             ("timeline", "JSON"), ("consistency", "JSON"), ("patterns", "JSON"), ("roofline", "JSON"),
+             ("graph_attribution", "JSON")),
     "steps": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("wall_us", "DOUBLE"),
               ("gpu_busy_us", "DOUBLE"), ("kernel_us", "DOUBLE")),
     "step_categories": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("category", "VARCHAR"),
@@ -85,13 +88,20 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
                      ("median_us", "DOUBLE"), ("p90_us", "DOUBLE"), ("min_us", "DOUBLE"), ("max_us", "DOUBLE"),
                      ("ms_per_step", "DOUBLE"), ("share", "DOUBLE"), ("bytes_per_call", "DOUBLE"),
                      ("gbps", "DOUBLE"), ("peak_fraction", "DOUBLE"), ("ms_per_step_sd", "DOUBLE"),
-                     ("input_dtypes", "VARCHAR")),
+                     ("input_dtypes", "VARCHAR"), ("flops_per_call", "DOUBLE"), ("model_bytes_per_call", "DOUBLE"),
+                     ("intensity", "DOUBLE"), ("tflops", "DOUBLE"), ("tbps", "DOUBLE"), ("compute_fraction", "DOUBLE"),
+                     ("bandwidth_fraction", "DOUBLE"), ("bound", "VARCHAR"), ("graph_op", "VARCHAR"),
+                     ("graph_source", "VARCHAR"), ("graph_layers", "VARCHAR")),
     "rank_stats": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("device_name", "VARCHAR"), ("steps", "INTEGER"),
                    ("step_ms_median", "DOUBLE"), ("busy_ms_median", "DOUBLE"), ("comm_ms_median", "DOUBLE"),
                    ("wait_ms_median", "DOUBLE"), ("last_arrivals", "INTEGER"), ("collectives", "INTEGER"),
                    ("between_steps_ms", "DOUBLE")),
 }
-ADDED_IN = {2: {"runs": ("timeline", "consistency", "patterns"), "kernel_stats": ("input_dtypes",)}}
+ADDED_IN = {2: {"runs": ("timeline", "consistency", "patterns"), "kernel_stats": ("input_dtypes",)},
+            3: {"runs": ("roofline", "graph_attribution"),
+                "kernel_stats": ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbps",
+                                 "compute_fraction", "bandwidth_fraction", "bound", "graph_op", "graph_source",
+                                 "graph_layers")}}
 
 
 def format_columns(table: str, version: int = VERSION) -> tuple[tuple[str, str], ...]:

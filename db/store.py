@@ -69,9 +69,15 @@ class RunRecord:
     timeline: dict | None = None  # the first rank's GPU timeline figures (ingest/traces/timeline.py)
     consistency: dict | None = None  # do the figures agree (ingest/regress/consistency.py)
     patterns: dict | None = None  # the pattern catalog's findings (ingest/regress/patterns.py)
+    graph_attribution: dict | None = None  # how graph kernels were attributed (ingest/traces/graph_attribution.py)
+    roofline: dict | None = None  # the device ceilings the kernels' roofline fractions are of (devices.toml)
 
 
 RunTables = dict  # "steps", "cats", "kernels" and maybe "ranks": Arrow tables of a RunRecord's frames
+# kernel_stats' roofline columns (migration 011; ingest/traces/roofline.py), NaN stored as NULL
+ROOFLINE_COLUMNS = ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbps", "compute_fraction",
+                    "bandwidth_fraction", "bound")
+_ROOFLINE_SELECT = ", ".join(f"CASE WHEN isnan({c}) THEN NULL ELSE {c} END" for c in ROOFLINE_COLUMNS[:-1])
 
 
 def run_tables(rec: RunRecord) -> RunTables:
@@ -88,6 +94,12 @@ def run_tables(rec: RunRecord) -> RunTables:
         kernels = kernels.assign(ms_per_step_sd=float("nan"))
     if "input_dtypes" not in kernels.columns:  # ... or without input dtypes
         kernels = kernels.assign(input_dtypes="")
+    for column in ("graph_op", "graph_source", "graph_layers"):  # ... or without graph attribution
+        if column not in kernels.columns:
+            kernels = kernels.assign(**{column: ""})
+    for column in ROOFLINE_COLUMNS:  # ... or without the roofline (bound: text, the others numbers)
+        if column not in kernels.columns:
+            kernels = kernels.assign(**{column: None if column == "bound" else float("nan")})
     tables = {"steps": arrow(rec.step_table), "cats": arrow(rec.step_categories), "kernels": arrow(kernels)}
     if rec.rank_stats is not None and len(rec.rank_stats):
         tables["ranks"] = arrow(rec.rank_stats)
@@ -261,8 +273,9 @@ class Store:
                 " device_name, peak_gbps, ranks, steps, step_method, step_ms_median, tok_per_s,"
                 " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
                 " source_path, manifest, workload_key, batch_size, timing_ms_median, timing_ms_p10,"
-                " timing_ms_p90, job_id, diagnosis, notes, timeline, consistency, patterns)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " timing_ms_p90, job_id, diagnosis, notes, timeline, consistency, patterns, graph_attribution,"
+                " roofline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?)"
                 " RETURNING run_id",
                 [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
                  json.dumps(rec.workload) if rec.workload is not None else None,
@@ -274,7 +287,8 @@ class Store:
                  rec.timing_ms_p90, rec.job_id,
                  json.dumps(rec.diagnosis) if rec.diagnosis is not None else None,
                  json.dumps(rec.notes) if rec.notes else None,
-                 *(json.dumps(v) if v is not None else None for v in (rec.timeline, rec.consistency, rec.patterns))],
+                 *(json.dumps(v) if v is not None else None
+                   for v in (rec.timeline, rec.consistency, rec.patterns, rec.graph_attribution, rec.roofline))],
             ).fetchone()[0]
             for name, table in tables.items():
                 con.register(f"new_{name}", table)
@@ -290,14 +304,16 @@ class Store:
                 con.execute(
                     "INSERT INTO kernel_stats (run_id, rank, name, category, launcher, source, calls,"
                     " calls_per_step, total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
-                    " share, bytes_per_call, gbps, peak_fraction, ms_per_step_sd, input_dtypes)"
+                    " share, bytes_per_call, gbps, peak_fraction, ms_per_step_sd, input_dtypes,"
+                    " graph_op, graph_source, graph_layers, " + ", ".join(ROOFLINE_COLUMNS) + ")"
                     " SELECT ?, rank, name, category, launcher, source, calls, calls_per_step,"
                     " total_us, mean_us, median_us, p90_us, min_us, max_us, ms_per_step,"
                     " CASE WHEN isnan(share) THEN NULL ELSE share END,"
                     " CASE WHEN isnan(bytes_per_call) THEN NULL ELSE bytes_per_call END,"
                     " CASE WHEN isnan(gbps) THEN NULL ELSE gbps END,"
                     " CASE WHEN isnan(peak_fraction) THEN NULL ELSE peak_fraction END,"
-                    " CASE WHEN isnan(ms_per_step_sd) THEN NULL ELSE ms_per_step_sd END, input_dtypes"
+                    " CASE WHEN isnan(ms_per_step_sd) THEN NULL ELSE ms_per_step_sd END, input_dtypes,"
+                    " graph_op, graph_source, graph_layers, " + _ROOFLINE_SELECT + ", bound"
                     " FROM new_kernels", [run_id]
                 )
                 if "ranks" in tables:
@@ -340,7 +356,7 @@ class Store:
         f" {STEP_MS} AS step_ms,"
         " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
         " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
-        " r.diagnosis, r.notes, r.timeline, r.consistency, r.patterns,"
+        " r.diagnosis, r.notes, r.timeline, r.consistency, r.patterns, r.graph_attribution, r.roofline,"
         " (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
         " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id LEFT JOIN commits c ON c.commit_id = r.commit_id")
 
@@ -351,7 +367,8 @@ class Store:
         for row in cursor.fetchall():
             run = dict(zip(names, row))
             for field, empty in (("workload", None), ("trace_files", None), ("diagnosis", []), ("notes", []),
-                                 ("timeline", None), ("consistency", None), ("patterns", None)):
+                                 ("timeline", None), ("consistency", None), ("patterns", None),
+                                 ("graph_attribution", None), ("roofline", None)):
                 run[field] = json.loads(run[field]) if run[field] else empty
             runs.append(run)
         return runs
@@ -363,7 +380,9 @@ class Store:
         bundle's `trace_files` (None for a plain trace), its `diagnosis` (the {kind, text,
         numbers, kernel} stored at import; [] when none was), `notes`, `kernel_rows`, and what the
         import checked: `timeline` (figures), `consistency` and `patterns` (None for runs imported
-        before these were). None when there is no such run (or no run id)."""
+        before these were), `graph_attribution` (how its graph kernels were attributed; None
+        when no mapping trace was given) and `roofline` (the device ceilings its kernels' roofline
+        fractions are of; None for an unknown device). None when there is no such run (or no run id)."""
         if run_id is None:
             return None
         runs = self._run_rows(self.con.execute(self._RUN_SELECT + " WHERE r.run_id = ?", [run_id]))
@@ -402,14 +421,16 @@ class Store:
     # the kernel table's columns: first those the Run page shows, in its order (app/tables.py)
     _KERNEL_COLUMNS = ("name, category, calls_per_step, mean_us, ms_per_step, share, gbps, peak_fraction,"
                        " launcher, source, calls, median_us, p90_us, bytes_per_call, total_us, min_us, max_us,"
-                       " ms_per_step_sd, input_dtypes")
+                       " ms_per_step_sd, input_dtypes, graph_op, graph_source, graph_layers, tflops, tbps,"
+                       " compute_fraction, bandwidth_fraction, bound, intensity, flops_per_call, model_bytes_per_call")
 
     def list_kernels(self, run_id: int, rank: int = 0, records: bool = False) -> "pd.DataFrame | list[dict]":
         """The run's kernels on one rank, the most time first: calls, time per call and per step,
         share of all kernel time, bytes per call, GB/s and fraction of peak where bytes are known
         (NULL elsewhere), the launching op and source line ('' when unknown), the step-to-step
-        sd of ms per step, and the launching ops' input dtypes ('' unknown, NULL before they were
-        kept). With `records`, a list of dicts (no pandas: what `ingest report` reads)."""
+        sd of ms per step, the launching ops' input dtypes ('' unknown, NULL before they were
+        kept), and the roofline (ROOFLINE_COLUMNS: NULL where unknown). With `records`, a list of
+        dicts (no pandas: what `ingest report` reads)."""
         return _result(self.con.execute(
             f"SELECT {self._KERNEL_COLUMNS} FROM kernel_stats WHERE run_id = ? AND rank = ?"
             " ORDER BY total_us DESC, name",

@@ -281,11 +281,18 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.D
     """Kernels of two runs matched by name and launcher op (summed over source lines): `change`
     is added, removed or both (whether a kernel in both changed is a verdict against noise:
     app/changes.classify_kernel_diff), with calls/step, ms/step, their step-to-step sd and share
-    on each side, sorted by |change in ms per step|."""
+    on each side, and its achieved TFLOP/s, TB/s and `roof_fraction` (the larger of its compute and
+    bandwidth fractions: how close it runs to the roof that binds it; NULL unless every source
+    line has them), sorted by |change in ms per step|."""
     # a kernel's rows of several source lines are summed; their step-to-step spreads are added
-    # as independent (the root of the summed variances): an approximation, said in the page
+    # as independent (the root of the summed variances): an approximation, said in the page.
+    # Rates over source lines are their FLOPs (bytes) over their time: weighted by total_us.
+    def rate(column: str) -> str:
+        return (f"CASE WHEN count({column}) = count(*) THEN sum({column} * total_us) / nullif(sum(total_us), 0) END")
     side = ("SELECT name, launcher, any_value(category) AS category, sum(calls_per_step) AS calls_per_step,"
-            "   sum(ms_per_step) AS ms_per_step, sum(share) AS share, sqrt(sum(ms_per_step_sd ^ 2)) AS sd"
+            "   sum(ms_per_step) AS ms_per_step, sum(share) AS share, sqrt(sum(ms_per_step_sd ^ 2)) AS sd,"
+            f"   {rate('tflops')} AS tflops, {rate('tbps')} AS tbps,"
+            f"   {rate('greatest(compute_fraction, bandwidth_fraction)')} AS roof_fraction"
             "  FROM kernel_stats WHERE run_id = ? AND rank = ? GROUP BY name, launcher")
     return store.con.execute(
         f"WITH a AS ({side}), b AS ({side}),"
@@ -293,7 +300,8 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.D
         "   coalesce(b.category, a.category) AS category,"
         "   a.calls_per_step AS a_calls_per_step, b.calls_per_step AS b_calls_per_step,"
         "   a.ms_per_step AS a_ms_per_step, b.ms_per_step AS b_ms_per_step, a.share AS a_share, b.share AS b_share,"
-        "   a.sd AS a_ms_per_step_sd, b.sd AS b_ms_per_step_sd,"
+        "   a.sd AS a_ms_per_step_sd, b.sd AS b_ms_per_step_sd, a.tflops AS a_tflops, b.tflops AS b_tflops,"
+        "   a.tbps AS a_tbps, b.tbps AS b_tbps, a.roof_fraction AS a_roof_fraction, b.roof_fraction AS b_roof_fraction,"
         "   (SELECT steps FROM runs WHERE run_id = ?) AS a_steps, (SELECT steps FROM runs WHERE run_id = ?) AS b_steps,"
         "   coalesce(b.ms_per_step, 0) - coalesce(a.ms_per_step, 0) AS delta_ms_per_step"
         "  FROM a FULL OUTER JOIN b ON a.name = b.name AND a.launcher = b.launcher)"

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--tok-per-s", type=_positive_float, metavar="X", help="decode tokens per second measured")
     imp.add_argument("--steps", type=_positive_int, metavar="N",
                      help="profiled steps, for a trace with no ProfilerStep and no CUDA graph launches")
+    imp.add_argument("--mapping", metavar="TRACE",
+                     help="a graph-off trace (or directory of per-rank traces) of the same workload: gives each "
+                          "kernel replayed from a CUDA graph the op, Python line and layer that launched it")
     imp.add_argument("--rules", metavar="FILE", help="extra category rules (TOML), tried before the built-in ones")
     imp.add_argument("--patterns", metavar="FILE",
                      help="extra patterns (TOML), checked with the built-in catalog (one with a built-in id "

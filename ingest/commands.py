@@ -286,7 +286,7 @@ def run_import(args) -> int:
     resolved = _resolve_commit(args.commit, args.repo, args.repo_path)
     opts = ImportOptions(repo=args.repo, commit=resolved.sha if resolved else args.commit, variant=args.variant,
                          layers=args.layers, tok_per_s=args.tok_per_s, steps=args.steps, limits=limits,
-                         patterns=patterns)
+                         patterns=patterns, mapping=args.mapping)
     with args.db_thread or DatabaseThread() as db_thread:
         # all reading and checking happens here; a bar on a terminal when it takes a while
         record = prepare_import(args.path, rules, opts, watch=_import_bar if sys.stderr.isatty() else None)

@@ -18,7 +18,8 @@ from .errors import IngestError
 
 KERNEL_FIELDS = ["name", "category", "launcher", "source", "calls", "calls_per_step", "total_us",
                  "mean_us", "median_us", "ms_per_step", "share", "bytes_per_call", "gbps", "peak_fraction",
-                 "input_dtypes"]
+                 "input_dtypes", "graph_op", "graph_source", "graph_layers", "flops_per_call", "model_bytes_per_call",
+                 "intensity", "tflops", "tbps", "compute_fraction", "bandwidth_fraction", "bound"]
 
 
 def _clean(value: Any) -> Any:
@@ -55,7 +56,7 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
     cats = store.list_run_categories(run_id, rank, records=True)
     kernels = store.list_kernels(run_id, rank, records=True)
     for k in kernels:  # '' in the table means unknown
-        for f in ("launcher", "source", "input_dtypes"):
+        for f in ("launcher", "source", "input_dtypes", "graph_op", "graph_source", "graph_layers"):
             k[f] = k[f] or None
     # the run row names a missing repo, variant or GPU '' (as pages do); the report says null
     names = {"id": run["run_id"], "repo": run["repo"] or None, "commit": run["sha"], "variant": run["variant"] or None,
@@ -74,6 +75,10 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
         "consistency": run["consistency"],
         "patterns": run["patterns"],
         "timeline": run["timeline"],
+        # how kernels replayed from CUDA graphs got their op, line and layer (None: no mapping given)
+        "graph_attribution": run["graph_attribution"],
+        # the device ceilings the roofline fractions are of (None: unknown device, or imported before)
+        "roofline": run["roofline"],
     }
 
 
@@ -126,6 +131,31 @@ def format_patterns(patterns: dict | None) -> list[str]:
     return lines
 
 
+def format_attribution(summary: dict | None) -> list[str]:
+    """One line on how the graph kernels were attributed, and to which layer frame."""
+    if summary is None:
+        return []
+    share = "" if summary["time_share"] is None else f" ({100 * summary['time_share']:.1f} % of their time)"
+    line = (f"graph kernels: {summary['matched']:,} of {summary['kernels']:,} attributed by {summary['method']}{share},"
+            f" {summary['unmatched']:,} unmatched")
+    if summary.get("layer_frame"):
+        line += f"; layers: calls of {summary['layer_frame']}"
+    return _wrapped(line, "")
+
+
+def format_roofs(roofline: dict | None) -> str:
+    """One line: the device's datasheet ceilings the roofline fractions are of, and the measured ones."""
+    if roofline is None:
+        return "roofline: no ceilings (unknown device, CPU-only trace, or imported before stepwatch kept them)"
+
+    def roofs(f: dict) -> str:
+        return (f"{_fmt(f.get('bf16_tflops'), ',.0f')} BF16 / {_fmt(f.get('fp8_tflops'), ',.0f')} FP8 / "
+                f"{_fmt(f.get('fp32_tflops'), ',.1f')} FP32 TFLOP/s, {_fmt(f.get('hbm_gbps'), ',.0f')} GB/s")
+    measured = roofline["measured"]
+    return (f"roofline: fractions of the {roofline['device']} datasheet's {roofs(roofline['datasheet'])}"
+            + (f"; measured on the card: {roofs(measured)}" if measured else ""))
+
+
 def format_report(report: dict, top: int = 15) -> str:
     r = report["run"]
     unit = "CPU op" if r["kernels_from_cpu_ops"] else "kernel"
@@ -135,20 +165,26 @@ def format_report(report: dict, top: int = 15) -> str:
         f"step {_fmt(r['step_ms_median'], '.3f')} ms (median)  tok/s {_fmt(r['tok_per_s'], '.2f')}"
         f"  copy share {_fmt(report['copy_share'] and 100 * report['copy_share'], '.1f')} %",
         *format_consistency(report["consistency"]),
+        *format_attribution(report.get("graph_attribution")),
+        *_wrapped(format_roofs(report.get("roofline")), ""),
         "",
         f"{'category':<14}{'ms/step':>10}{'share':>8}",
     ]
     for c in report["categories"]:
         lines.append(f"{c['category']:<14}{c['ms_per_step']:>10.3f}{100 * (c['share'] or 0):>7.1f}%")
-    lines += ["", f"{'share':>6} {'ms/step':>8} {'calls/st':>8} {'mean us':>9} {'GB/s':>7} {'%peak':>6}  "
+    lines += ["", f"{'share':>6} {'ms/step':>8} {'calls/st':>8} {'mean us':>9} {'GB/s':>7} {'%peak':>6}"
+                  f" {'TFLOP/s':>8} {'%comp':>6} {'%BW':>6} {'bound':<8} "
                   f"{'category':<12}{'launcher':<22}{unit + ' (source)'}"]
     for k in report["kernels"][:top]:
         peak = k["peak_fraction"] and 100 * k["peak_fraction"]
+        comp, bw = (None if k[f] is None else 100 * k[f] for f in ("compute_fraction", "bandwidth_fraction"))
         lines.append(
             f"{100 * (k['share'] or 0):>5.1f}% {k['ms_per_step']:>8.3f} {k['calls_per_step']:>8.2f}"
-            f" {k['mean_us']:>9.1f} {_fmt(k['gbps'], '7.0f'):>7} {_fmt(peak, '5.1f'):>6}  "
+            f" {k['mean_us']:>9.1f} {_fmt(k['gbps'], '7.0f'):>7} {_fmt(peak, '5.1f'):>6}"
+            f" {_fmt(k['tflops'], '8.3f'):>8} {_fmt(comp, '5.1f'):>6} {_fmt(bw, '5.1f'):>6} {k['bound'] or '-':<8} "
             f"{k['category']:<12}{_short(k['launcher'], 21):<22}{_short(k['name'], 90)}"
             + (f"\n{'':>60}{_short(k['source'], 90)}" if k["source"] else "")
+            + (f"\n{'':>60}{_short(_attributed(k, report), 90)}" if k["graph_op"] or k["graph_source"] else "")
         )
     if len(report["kernels"]) > top:
         lines.append(f"... {len(report['kernels']) - top} more (--json for all)")
@@ -163,6 +199,17 @@ def format_report(report: dict, top: int = 15) -> str:
     if report["notes"]:
         lines += [""] + [f"note: {n}" for n in report["notes"]]
     return _printable("\n".join(lines))
+
+
+def _attributed(kernel: dict, report: dict) -> str:
+    """`via mapping trace: aten::copy_ at kernels/workload.py(197): _fetch_kv, layers 0-77`."""
+    method = (report.get("graph_attribution") or {}).get("method", "mapping trace")
+    text = f"via {method}: {kernel['graph_op'] or '-'}"
+    if kernel["graph_source"]:
+        text += f" at {kernel['graph_source']}"
+    if kernel["graph_layers"]:
+        text += f", layers {kernel['graph_layers']}"
+    return text
 
 
 def run_report(args) -> int:

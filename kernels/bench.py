@@ -5,7 +5,11 @@
 Decode steps are first timed without the profiler (CUDA events on cuda, perf_counter on cpu;
 each step is synchronised, as a serving loop that samples a token every step is), then
 `--steps` steps are profiled with torch.profiler (one `ProfilerStep#N` per decode step,
-record_shapes, with_stack unless --no-stack). The bundle (manifest.json, trace.json.gz,
+record_shapes, with_stack unless --no-stack). With --cuda-graph --graph-mapping the same
+model (same weights, pools and rows) then runs the same steps eagerly under the profiler, as
+the bundle's graph-off mapping trace: the importer aligns its kernels with the graph replay's to
+give each replayed kernel its op, Python line and layer (ingest/traces/graph_attribution.py).
+The bundle (manifest.json, trace.json.gz,
 key_averages.json) is assembled in a temporary directory beside --out and renamed into place,
 so --out is either complete or absent. Progress goes to stderr; the last stdout line is the
 bundle directory.
@@ -35,6 +39,8 @@ from kernels.workload import count_floor_bytes, count_weight_bytes, get_config
 
 TRACE_NAME = "trace.json.gz"
 KEY_AVERAGES_NAME = "key_averages.json"
+MAPPING_TRACE_NAME = "mapping.trace.json.gz"
+MAPPING_KEY_AVERAGES_NAME = "mapping_key_averages.json"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -66,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", required=True, choices=sorted(PRESETS))
     p.add_argument("--kv", required=True, choices=KV_STRATEGIES, help="KV-cache strategy")
     p.add_argument("--cuda-graph", action="store_true", help="capture one decode step, replay it")
+    p.add_argument("--graph-mapping", action="store_true",
+                   help="with --cuda-graph: also profile the same steps eagerly (the graph-off mapping trace)")
     p.add_argument("--steps", type=_positive_int, default=3, help="profiled decode steps")
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="default: cuda when available, else cpu")
@@ -146,8 +154,8 @@ def summarize_key_averages(prof) -> list[dict]:
 
 
 def profile_steps(workload: DecodeWorkload, steps: int, with_stack: bool, out_dir: Path,
-                  progress=None) -> None:
-    """Profile one warm-up plus `steps` decode steps; write trace.json.gz and key_averages.json."""
+                  progress=None, trace_name: str = TRACE_NAME, key_averages_name: str = KEY_AVERAGES_NAME) -> None:
+    """Profile one warm-up plus `steps` decode steps; write `trace_name` and `key_averages_name`."""
     device = workload.state.device
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -163,11 +171,11 @@ def profile_steps(workload: DecodeWorkload, steps: int, with_stack: bool, out_di
                 progress(f"profile {i}/{steps}")
     raw = out_dir / "trace.json"
     prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as src, gzip.open(out_dir / TRACE_NAME, "wb", compresslevel=6) as dst:
+    with open(raw, "rb") as src, gzip.open(out_dir / trace_name, "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst, 1 << 22)
     raw.unlink()
     rows = summarize_key_averages(prof)
-    (out_dir / KEY_AVERAGES_NAME).write_text(json.dumps(rows, indent=1) + "\n")
+    (out_dir / key_averages_name).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def describe_device(device: torch.device) -> dict:
@@ -218,9 +226,14 @@ def prepare_out_dir(out: Path) -> None:
 
 def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, warmup: int = 5,
               steps: int = 3, with_stack: bool = True, commit: str | None = None,
-              repo: str = "stepwatch", progress=None, variant: str | None = None) -> Path:
+              repo: str = "stepwatch", progress=None, variant: str | None = None,
+              graph_mapping: bool = False) -> Path:
     """Time and profile `workload`, then write a complete bundle at `out`; return its path.
-    The bundle's variant is the KV strategy unless `variant` names another."""
+    The bundle's variant is the KV strategy unless `variant` names another. With
+    `graph_mapping` (a CUDA-graph workload only) the same model then runs `steps` steps eagerly
+    under the profiler, written as the bundle's mapping trace."""
+    if graph_mapping and not workload.cuda_graph:
+        raise BenchError("--graph-mapping: needs --cuda-graph (the mapping trace is the graph-off twin of a graph run)")
     out = Path(out)
     prepare_out_dir(out)
     state = workload.state
@@ -229,6 +242,13 @@ def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, wa
     try:
         timing = time_steps(workload, timing_steps, warmup, progress)
         profile_steps(workload, steps, with_stack, tmp, progress)
+        mapping_traces = []
+        if graph_mapping:
+            workload.release()  # the graph's memory pool is not needed any more
+            eager = DecodeWorkload(state, workload.kv, cuda_graph=False)
+            profile_steps(eager, steps, with_stack, tmp, progress, MAPPING_TRACE_NAME, MAPPING_KEY_AVERAGES_NAME)
+            eager.release()
+            mapping_traces = [MAPPING_TRACE_NAME]
         workload_info = {
             **cfg.describe(),
             "kv": workload.kv,
@@ -254,7 +274,9 @@ def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, wa
             profiled_steps=steps,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             extra={"weight_bytes": count_weight_bytes(cfg), "floor_bytes": count_floor_bytes(cfg),
-                   "key_averages": KEY_AVERAGES_NAME},
+                   "key_averages": KEY_AVERAGES_NAME,
+                   **({"mapping_key_averages": MAPPING_KEY_AVERAGES_NAME} if graph_mapping else {})},
+            mapping_traces=mapping_traces,
         )
         write_bundle(tmp, manifest)
         tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
@@ -279,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                          layers=args.layers, pool_tokens=args.pool_tokens, seed=args.seed)
         if args.cuda_graph and device.type != "cuda":
             raise BenchError("--cuda-graph: needs --device cuda")
+        if args.graph_mapping and not args.cuda_graph:
+            raise BenchError("--graph-mapping: needs --cuda-graph (the mapping trace is the graph-off twin of a "
+                             "graph run)")
         out = Path(args.out)
         prepare_out_dir(out)
     except (BenchError, ValueError) as e:
@@ -289,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = DecodeWorkload(build_model(cfg, device), args.kv, cuda_graph=args.cuda_graph)
     path = run_bench(workload, out, timing_steps=args.timing_steps, warmup=args.warmup,
                      steps=args.steps, with_stack=not args.no_stack, commit=args.commit,
-                     repo=args.repo, progress=_print_progress)
+                     repo=args.repo, progress=_print_progress, graph_mapping=args.graph_mapping)
     print(path)
     return 0
 

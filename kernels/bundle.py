@@ -5,6 +5,11 @@ A bundle is a directory holding `manifest.json` and the profiler trace(s) it nam
 reads them. Everything about the format lives here, with a version number, so that a bundle
 written today is still read correctly after the format moves on.
 
+Versions: 1, the manifest and its traces; 2 adds `mapping_traces`, graph-off traces of the same
+workload beside a CUDA-graph run's (one per trace, in the same order; empty when none), from which
+the importer attributes replayed kernels to ops and Python lines. Version 1 bundles are read as
+having none.
+
 Only the standard library is used: kernels/ must run as is on the GPU machine.
 """
 
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = "stepwatch-bundle"
-VERSION = 1
+VERSION = 2
 MANIFEST_NAME = "manifest.json"
 
 
@@ -70,6 +75,7 @@ class Manifest:
     profiled_steps: int | None = None
     created_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    mapping_traces: list[str] = field(default_factory=list)  # graph-off twins of `traces` (version 2)
 
     @property
     def tok_per_s(self) -> float | None:
@@ -79,7 +85,7 @@ class Manifest:
 def write_bundle(directory: str | os.PathLike, manifest: Manifest) -> Path:
     """Write manifest.json into `directory` atomically (the traces must already be there)."""
     directory = Path(directory)
-    for name in manifest.traces:
+    for name in manifest.traces + manifest.mapping_traces:
         if not (directory / name).is_file():
             raise BundleError(f"{directory}: trace {name!r} named in the manifest is missing")
     body = {"format": FORMAT, "version": VERSION, **asdict(manifest)}
@@ -160,6 +166,15 @@ def read_bundle(directory: str | os.PathLike) -> Manifest:
     for name in traces:
         if not Path(directory, name).is_file():
             raise BundleError(f"{where}: trace {name!r} is missing from the bundle")
+    mapping = body.get("mapping_traces", [])
+    if not isinstance(mapping, list) or not all(isinstance(t, str) and t and "/" not in t for t in mapping):
+        raise BundleError(f"{where}: field 'mapping_traces' must be a list of file names")
+    if mapping and len(mapping) != len(traces):
+        raise BundleError(f"{where}: field 'mapping_traces' names {len(mapping)} trace(s) for {len(traces)} "
+                          "trace(s): one graph-off trace per trace, or none")
+    for name in mapping:
+        if not Path(directory, name).is_file():
+            raise BundleError(f"{where}: mapping trace {name!r} is missing from the bundle")
     timing = body.get("timing")
     if timing is not None:
         timing = _read_timing(timing, where)
@@ -181,6 +196,6 @@ def read_bundle(directory: str | os.PathLike) -> Manifest:
             raise BundleError(f"{where}: field {key!r} is {str(body[key])[:80]!r}: {LABEL_RULE}")
     known = {f for f in Manifest.__dataclass_fields__}
     return Manifest(
-        **{k: v for k, v in body.items() if k in known and k != "timing"},
-        timing=timing,
+        **{k: v for k, v in body.items() if k in known and k not in ("timing", "mapping_traces")},
+        timing=timing, mapping_traces=list(mapping),
     )

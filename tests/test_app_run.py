@@ -30,8 +30,9 @@ def test_glm5_full_pool_cast_run(dashboard_db, open_page):
     kernels = at.dataframe[0].value
     assert len(kernels) == 16
     assert list(at.dataframe[0].proto.column_order) == [  # the table's frame has more (Store.list_kernels)
-        "name", "category", "calls_per_step", "mean_us", "ms_per_step", "share", "gbps", "peak_fraction", "launcher",
-        "source", "calls", "median_us", "p90_us", "bytes_per_call"]
+        "name", "category", "calls_per_step", "mean_us", "ms_per_step", "share", "gbps", "peak_fraction", "tflops",
+        "tbps", "compute_fraction", "bandwidth_fraction", "bound", "launcher", "source", "calls", "median_us", "p90_us",
+        "bytes_per_call"]
     cast = kernels.iloc[0]
     assert cast["name"].startswith("void at::native::unrolled_elementwise_kernel")
     # the share in percent, as the table prints it ("90.4 %")
@@ -40,6 +41,8 @@ def test_glm5_full_pool_cast_run(dashboard_db, open_page):
 
     step_chart, mean_chart = (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
     assert step_chart["encoding"]["x"]["field"] == "step" and mean_chart["encoding"]["x"]["field"] == "ms_per_step"
+    # replayed from a CUDA graph: no kernel has an op of its own, so no roofline, and the page says why
+    assert any(c.value.startswith("No roofline: no kernel's op has a cost model") for c in at.caption)
 
     download = at.get("download_button")
     run_id = find_run_id(dashboard_db, "3bee539-glm5-full-pool-cast-graph")
@@ -168,3 +171,28 @@ def test_download_names_say_whose_trace_it_is():
     assert not {"/", "$", " ", "~"} & set(hostile) and hostile.endswith("-node-TP-0-DECODE.trace.json.gz")
     long = download_name(5, "a" * 40, "v" * 300, "t.json")
     assert len(long) == DOWNLOAD_NAME_CHARS and long.startswith("run5-aaaaaaa-vvv") and long.endswith("-t.json")
+
+
+def test_the_eager_run_shows_its_roofline_and_the_table_its_rates(dashboard_db, open_page):
+    """The eager glm5 whole-pool-cast run (recorded with shapes): the roofline's two panels, the
+    GEMMs placed by intensity under the H200's roofs, the cast by its TB/s against HBM's, and the
+    kernel table's TFLOP/s, TB/s, fractions and bound as the import stored them."""
+    run_id = find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager")
+    at = open_page(dashboard_db, "run", run=str(run_id))
+    assert not at.exception
+    kernels = at.dataframe[0].value
+    cast = kernels.iloc[0]
+    assert cast["launcher"] == "aten::copy_" and cast["bound"] == "memory" and cast["tflops"] == 0
+    # 495,000 x 576 FP8 read and the same in BF16 written (the table prints fractions in percent)
+    assert cast["tbps"] == pytest.approx(495_000 * 576 * 3 / cast["mean_us"] / 1e6)
+    assert cast["bandwidth_fraction"] == pytest.approx(100 * cast["tbps"] / 4.8)
+    gemms = kernels[kernels["launcher"] == "aten::mm"]
+    assert len(gemms) >= 3 and gemms["tflops"].gt(0).all() and gemms["compute_fraction"].lt(100).all()
+    (roof,) = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart") if "vconcat" in json.loads(c.proto.spec)]
+    top, flat = roof["vconcat"]
+    assert top["title"] == "kernels with FLOPs" and flat["title"].startswith("kernels without FLOPs")
+    dots = next(layer for layer in top["layer"] if layer["mark"]["type"] == "circle")
+    assert (dots["encoding"]["x"]["field"], dots["encoding"]["y"]["field"]) == ("intensity", "tflops")
+    assert dots["encoding"]["x"]["scale"]["type"] == dots["encoding"]["y"]["scale"]["type"] == "log"
+    assert flat["layer"][0]["encoding"]["x"]["field"] == "tbps"  # (the points themselves: tests/test_roofline.py)
+    assert any("NVIDIA H200 SXM datasheet" in c.value and "measured on the card" in c.value for c in at.caption)

@@ -109,7 +109,7 @@ def test_the_manifest_names_the_format_schema_tables_and_rows(dashboard_db, fixt
     manifest = json.loads((fixture_export / "manifest.json").read_text())
     with open_db(dashboard_db, read_only=True) as store:
         schema = max(store.list_schema_versions())
-    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 2, schema)
+    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 3, schema)
     assert sorted(manifest["tables"]) == sorted(TABLES)
     counts = row_counts(dashboard_db)
     assert {t: e["rows"] for t, e in manifest["tables"].items()} == {t: counts[t] for t in TABLES}
@@ -281,8 +281,9 @@ def test_an_export_of_format_version_1_still_merges_its_new_columns_arriving_emp
     """Version 2 added the import's checks (runs.timeline, consistency, patterns) and
     kernel_stats.input_dtypes; an export written before (version 1, without them) merges whole."""
     old = Path(shutil.copytree(fixture_export, tmp_path / "v1"))
-    _rewrite(old, "runs", "SELECT * EXCLUDE (timeline, consistency, patterns) FROM {src}")
-    _rewrite(old, "kernel_stats", "SELECT * EXCLUDE (input_dtypes) FROM {src}")
+    _rewrite(old, "runs", "SELECT * EXCLUDE (timeline, consistency, patterns, roofline, graph_attribution) FROM {src}")
+    _rewrite(old, "kernel_stats", f"SELECT * EXCLUDE (input_dtypes, {ROOFLINE}, graph_op, graph_source, graph_layers)"
+             " FROM {src}")
     _set_manifest(old, lambda m: m.update(version=1))
     result = merge(tmp_path / "m.duckdb", old)
     assert (result.runs_added, result.rows_added["kernel_stats"]) == (23, 342)
@@ -290,10 +291,52 @@ def test_an_export_of_format_version_1_still_merges_its_new_columns_arriving_emp
         assert store.con.execute("SELECT count(*) FROM runs WHERE timeline IS NULL AND consistency IS NULL"
                                  " AND patterns IS NULL").fetchone()[0] == 23
         assert store.con.execute("SELECT count(*) FROM kernel_stats WHERE input_dtypes IS NULL").fetchone()[0] == 342
-    v2 = canonical_export(fixture_export, drop=("timeline", "consistency", "patterns"))
+    v2 = canonical_export(fixture_export, drop=("timeline", "consistency", "patterns", "roofline"))
     merged = canonical_export(export(tmp_path / "m.duckdb", tmp_path / "again"),
-                              drop=("timeline", "consistency", "patterns"))
+                              drop=("timeline", "consistency", "patterns", "roofline"))
     assert merged["runs"] == v2["runs"] and merged["steps"] == v2["steps"]
+
+
+def test_an_export_of_format_version_2_merges_with_graph_attribution_arriving_empty(fixture_export, tmp_path):
+    """Version 3 added graph-kernel attribution (runs.graph_attribution, kernel_stats.graph_op,
+    graph_source, graph_layers: migration 012); an export of version 2 merges whole without them."""
+    old = Path(shutil.copytree(fixture_export, tmp_path / "v2"))
+    _rewrite(old, "runs", "SELECT * EXCLUDE (roofline, graph_attribution) FROM {src}")
+    _rewrite(old, "kernel_stats", f"SELECT * EXCLUDE ({ROOFLINE}, graph_op, graph_source, graph_layers) FROM {{src}}")
+    _set_manifest(old, lambda m: m.update(version=2))
+    result = merge(tmp_path / "m.duckdb", old)
+    assert (result.runs_added, result.rows_added["kernel_stats"]) == (23, 342)
+    with open_db(tmp_path / "m.duckdb", read_only=True) as store:
+        assert store.con.execute("SELECT count(*) FROM runs WHERE graph_attribution IS NULL").fetchone()[0] == 23
+        assert store.con.execute("SELECT count(*) FROM kernel_stats WHERE graph_op IS NULL AND graph_source IS NULL"
+                                 " AND graph_layers IS NULL").fetchone()[0] == 342
+        # version 3 also added the roofline (migration 011): it arrives empty too
+        assert store.con.execute("SELECT count(*) FROM runs WHERE roofline IS NULL").fetchone()[0] == 23
+        assert store.con.execute("SELECT count(*) FROM kernel_stats WHERE flops_per_call IS NULL AND tflops IS NULL"
+                                 " AND tbps IS NULL AND compute_fraction IS NULL AND bound IS NULL"
+                                 ).fetchone()[0] == 342
+
+
+# the roofline's kernel_stats columns (migration 011, format version 3)
+ROOFLINE = ("flops_per_call, model_bytes_per_call, intensity, tflops, tbps, compute_fraction, bandwidth_fraction,"
+            " bound")
+
+
+def test_the_roofline_travels_with_its_runs(dashboard_db, fixture_export, tmp_path):
+    """The fixture's eager H200 runs have roofline figures (the cast's TB/s, the GEMMs' TFLOP/s) and
+    their device's ceilings; a merge into an empty database holds the same values, row for row."""
+    query = (f"SELECT r.content_hash, k.rank, k.name, k.launcher, k.source, {ROOFLINE} FROM kernel_stats k"
+             " JOIN runs r USING (run_id) WHERE k.tflops IS NOT NULL OR k.tbps IS NOT NULL ORDER BY ALL")
+    runs = "SELECT content_hash, roofline FROM runs WHERE roofline IS NOT NULL ORDER BY ALL"
+    with open_db(dashboard_db, read_only=True) as store:
+        source_rows, source_runs = store.con.execute(query).fetchall(), store.con.execute(runs).fetchall()
+    merge(tmp_path / "m.duckdb", fixture_export)
+    with open_db(tmp_path / "m.duckdb", read_only=True) as store:
+        merged_rows, merged_runs = store.con.execute(query).fetchall(), store.con.execute(runs).fetchall()
+    assert len(source_rows) > 20 and {r[-1] for r in source_rows} >= {"memory", "latency"}
+    assert merged_rows == source_rows
+    assert len(source_runs) > 4 and merged_runs == source_runs
+    assert json.loads(source_runs[0][1])["datasheet"]["bf16_tflops"] == 989.4
 
 
 # -- (e) bad input, through the command line ----------------------------------------------------
@@ -328,8 +371,8 @@ BAD = {  # case: (how the good export is spoilt, what the one line says)
     "manifest-not-json": (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json: not JSON"),
     "other-format": (lambda d: _set_manifest(d, lambda m: m.update(format="stepwatch-bundle")),
                      "manifest.json: field 'format' is 'stepwatch-bundle', expected 'stepwatch-history'"),
-    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=3)),
-                      "manifest.json: field 'version' is 3; this stepwatch reads versions 1, 2"),
+    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=4)),
+                      "manifest.json: field 'version' is 4; this stepwatch reads versions 1, 2, 3"),
     "newer-schema": (lambda d: _set_manifest(d, lambda m: m.update(schema_version=m["schema_version"] + 1)),
                      "newer than this database's schema"),
     "table-left-out": (lambda d: _set_manifest(d, lambda m: m["tables"].pop("rank_stats")),

@@ -87,6 +87,10 @@ def test_shorten_kernel_name():
     assert shorten_kernel_name("void at::native::vectorized_gather_kernel<16, long>(char*, char*)") == \
         "vectorized_gather_kernel"
     assert shorten_kernel_name("_gather_cast_kernel") == "_gather_cast_kernel"
+    # torch's RMS norm on the H200 (tests/data/h200/glm5-graph-pair): a namespace in parentheses
+    assert shorten_kernel_name("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, "
+                               "float, true>(int, float, c10::BFloat16 const*)") == \
+        "vectorized_layer_norm_kernel<BFloat16>"
     # cuBLAS's float32 gemv on the H200 (tests/data/h200/fp32-logits): a return type first, a kernel named `kernel`
     assert shorten_kernel_name("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, "
                                "float, float, false, true, false, false, 9, false, cublasGemvParamsEx<int, "

@@ -3,9 +3,9 @@
 import streamlit as st
 import streamlit.components.v1 as components
 
-from app import charts, data
+from app import charts, data, roofline
 from app.kpis import show_rank_balance, show_run_kpis
-from app.labels import describe_run, describe_workload
+from app.labels import describe_graph_attribution, describe_run, describe_workload
 from app.markdown_text import escape_markdown_keeping_code, format_findings, format_markdown, format_pattern_findings
 from app.perfetto import PERFETTO_INLINE_MB, perfetto_button_html
 from app.tables import as_percent, filter_rows, kernel_columns
@@ -92,11 +92,24 @@ if not breakdown.empty:
                "run slower than the Step ms above, which is measured without the profiler.")
 
 st.subheader("Kernels")
+attribution = run["graph_attribution"]
+if attribution:
+    st.info(escape_markdown_keeping_code(describe_graph_attribution(attribution)), icon=":material/account_tree:")
 needle = st.text_input("Filter kernels", placeholder="name, category, launcher op or source line")
-shown = filter_rows(kernels, needle, ["name", "category", "launcher", "source"])
+shown = filter_rows(kernels, needle, ["name", "category", "launcher", "source", "graph_op", "graph_source"])
 st.caption(f"{len(shown)} of {len(kernels)} kernels, the most time first; click a column to sort.")
-columns = kernel_columns()
+columns = kernel_columns(attribution["method"] if attribution else None)
 st.dataframe(as_percent(shown), hide_index=True, column_config=columns, column_order=list(columns))
+
+st.subheader("Roofline")
+missing = roofline.explain_missing(kernels, run["roofline"])
+if missing:
+    st.caption(missing)
+else:
+    points = roofline.roofline_points(kernels)
+    st.altair_chart(charts.roofline_chart(points, roofline.roof_lines(run["roofline"], points),
+                                          roofline.bandwidth_roofs(run["roofline"])))
+    st.caption(roofline.describe_roofs(run["roofline"]))
 
 if job is not None:
     with st.expander(format_markdown("Log of job {} ({}): {}", job["job_id"], job["status"], job["label"])):

@@ -149,6 +149,7 @@ def shorten_kernel_name(name: str) -> str:
     """`void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(...)...>(...)`
     -> `unrolled_elementwise_kernel<direct_copy_kernel_cuda>`; plain names stay as they are."""
     text = re.sub(r"^std::enable_if<.*?>::type\s+", "", name.removeprefix("void ").strip())  # a return type
+    text = text.replace("(anonymous namespace)::", "")  # at::native::(anonymous namespace)::vectorized_layer_norm_kernel
     head, _, rest = text.partition("<")
     scopes = head.split("(")[0].split("::")
     # a kernel named plainly `kernel` keeps its namespace: `gemvx::kernel`
@@ -173,12 +174,19 @@ def _describe_kernel(row: Mapping[str, Any]) -> str:
     text = f"the {category} kernel `{shorten_kernel_name(str(row['name']))}`" if category else \
         f"kernel `{shorten_kernel_name(str(row['name']))}`"
     launcher = row.get("launcher") or ""
+    attributed = row.get("graph_op") or ""
     if "::" in launcher:
         text += f" ({launcher})"
+    elif "::" in attributed:  # a CUDA-graph kernel given its op by a mapping trace (graph_attribution.py)
+        text += f" ({attributed}, by the mapping trace)"
     return text
 
 
 def _from_source(row: Mapping[str, Any]) -> str:
+    """', from `file.py(12): f`'; for a CUDA-graph kernel given its line by a mapping trace, that line."""
+    attributed = row.get("graph_source") or ""
+    if attributed:
+        return f", from `{attributed}` (by the mapping trace)"
     source = row.get("source") or ""
     return f", from `{source}`" if source else ""
 

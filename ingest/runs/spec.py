@@ -82,6 +82,9 @@ class Workload:
     preset: str | None = None  # reference engine
     kv: str = "full-pool-cast"  # reference engine: the KV strategy
     cuda_graph: bool = False
+    # reference engine, with cuda_graph: also profile the same steps without graphs (the mapping
+    # trace that attributes graph kernels to ops, lines and layers; ingest/traces/graph_attribution.py)
+    graph_mapping: bool = False
     model_path: str | None = None  # sglang engine
     load_format: str | None = None  # e.g. "dummy": random weights from the model's config
     batch_size: int = 1
@@ -201,6 +204,13 @@ def parse_workload(body: Any, engine: str, where: str = "workload") -> Workload:
               f"{body['model_path']!r}: a path or model name without spaces or shell characters")
     cuda_graph = body.get("cuda_graph", False)
     _need(isinstance(cuda_graph, bool), f"{where}.cuda_graph", "must be true or false")
+    graph_mapping = body.get("graph_mapping", False)
+    _need(isinstance(graph_mapping, bool), f"{where}.graph_mapping", "must be true or false")
+    _need(not graph_mapping or cuda_graph, f"{where}.graph_mapping",
+          "needs cuda_graph true (the mapping trace is the graph-off twin of a graph run)")
+    _need(not graph_mapping or engine == "reference", f"{where}.graph_mapping",
+          "only the reference engine makes a mapping trace in the same job; for SGLang run the spec again "
+          "with --disable-cuda-graph and import the graph run with --mapping")
     extra = body.get("extra_args", [])
     _need(isinstance(extra, list) and all(isinstance(a, str) for a in extra), f"{where}.extra_args",
           "must be a list of strings")
@@ -220,6 +230,7 @@ def parse_workload(body: Any, engine: str, where: str = "workload") -> Workload:
                 _need(problem is None, f"{where}.{key}", problem or "")
     return Workload(
         preset=body.get("preset"), kv=body.get("kv", "full-pool-cast"), cuda_graph=cuda_graph,
+        graph_mapping=graph_mapping,
         model_path=body.get("model_path"), load_format=body.get("load_format"),
         kv_cache_dtype=body.get("kv_cache_dtype"), attention_backend=body.get("attention_backend"),
         extra_args=tuple(extra), **ints,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +23,12 @@ import pandas as pd
 
 from ..errors import TraceError
 from .categories import COPY_CATEGORIES, Rule, categorise, rules_time_limit
-from .devices import find_peak_gbps
+from .costs import model_shape_cost
+from .devices import find_device
+from .graph_attribution import (METHOD_MAPPING, MIN_STEP_MATCH, KernelSequence, align_steps, find_layers,
+                                summarise_layers)
 from .nesting import Nesting
+from .roofline import resolve_units, spread_op_costs, summarise_roofline
 from .shapes import summarise_shape
 from .timeline import HOST_SYNC, measure_timeline
 from .trace_read import KINDS, RawTrace
@@ -57,6 +62,8 @@ class Kernels:
     from_cpu_ops: bool
     set_aside: int = 0  # kernels (or CPU ops) whose time could not be real: negative, non-finite, > a day
     input_dtypes: np.ndarray | None = None  # object: the launching op's tensor input dtypes ("bfloat16"), "" unknown
+    query_thread: np.ndarray | None = None  # thread of the launch (or of the kernel when unlinked)
+    op_event: np.ndarray | None = None  # the launching op's event (-1 none: a graph replay, no launch, CPU-only)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,12 @@ class RankFigures:
     # the GPU timeline's figures (streams, busy, exposed communication, host syncs inside steps:
     # ingest/traces/timeline.py); None for a CPU-only trace
     timeline: dict | None = None
+    # how kernels replayed from CUDA graphs were given ops, lines and layers (attribute_graph_kernels);
+    # None when no mapping was given
+    graph_attribution: dict | None = None
+    # the device's ceilings the roofline columns are fractions of (devices.DevicePeaks.describe);
+    # None for an unknown device or a CPU-only trace
+    roofline: dict | None = None
 
 
 MAX_RANK = 1 << 20  # more ranks than any job has run: a larger "rank" is not one
@@ -127,6 +140,16 @@ def _names_matching(trace: RawTrace, pattern: re.Pattern) -> np.ndarray:
     return np.array([bool(pattern.match(n)) for n in trace.names], bool)
 
 
+def _user_frames(trace: RawTrace, fname_ids: np.ndarray) -> np.ndarray:
+    """Whether each frame (by its name id) is user code: a `file(line): function` outside torch,
+    triton and the standard library. The test runs once per distinct name."""
+    names = np.asarray(trace.names, dtype=object)
+    uniq = np.unique(fname_ids)
+    is_user = np.zeros(len(trace.names), bool)
+    is_user[uniq] = [bool(_SOURCE_LINE.search(n)) and not _NOT_USER_CODE.search(n) for n in names[uniq]]
+    return is_user[fname_ids]
+
+
 def _python_sources(trace: RawTrace, frames: np.ndarray, q_thread: np.ndarray, q_ts: np.ndarray) -> np.ndarray:
     """Source line (innermost user frame around each query), "" where none."""
     out = np.full(len(q_ts), "", dtype=object)
@@ -135,10 +158,7 @@ def _python_sources(trace: RawTrace, frames: np.ndarray, q_thread: np.ndarray, q
     names = np.asarray(trace.names, dtype=object)
     nest = Nesting.build(trace.thread_id[frames], trace.ts_us[frames], trace.ts_us[frames] + trace.dur_us[frames])
     fname_ids = trace.name_id[frames]
-    uniq = np.unique(fname_ids)
-    is_user = np.zeros(len(trace.names), bool)
-    is_user[uniq] = [bool(_SOURCE_LINE.search(n)) and not _NOT_USER_CODE.search(n) for n in names[uniq]]
-    user = is_user[fname_ids]
+    user = _user_frames(trace, fname_ids)
     parent = nest.parents()
     depth = nest.depth_of()
     resolved = np.full(len(frames), -1, np.int64)
@@ -153,6 +173,32 @@ def _python_sources(trace: RawTrace, frames: np.ndarray, q_thread: np.ndarray, q
     ok = src >= 0
     out[ok] = names[fname_ids[src[ok]]]
     return out
+
+
+def _op_costs(trace: RawTrace, op_events: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(FLOPs, bytes, kind, unit) of each op event (-1 for none: NaN, ""), from its name and recorded
+    shapes by costs.model_shape_cost, evaluated once per distinct (name, shape)."""
+    n = len(op_events)
+    flops, nbytes = np.full(n, math.nan), np.full(n, math.nan)
+    kinds, units = np.full(n, "", dtype=object), np.full(n, "", dtype=object)
+    has = op_events >= 0
+    if not has.any():
+        return flops, nbytes, kinds, units
+    ev = op_events[has]
+    sid = trace.shape_id[ev].astype(np.int64)
+    key = trace.name_id[ev].astype(np.int64) * (len(trace.shapes) + 1) + (sid + 1)
+    pairs, inverse = np.unique(key, return_inverse=True)
+    costs = []
+    for pair in pairs.tolist():
+        name_id, shape = divmod(pair, len(trace.shapes) + 1)
+        dims, types = trace.shapes[shape - 1] if shape > 0 else (b"", b"")
+        costs.append(model_shape_cost(trace.names[name_id], dims, types) if dims else None)
+    inverse = inverse.reshape(-1)
+    flops[has] = np.array([c.flops if c else math.nan for c in costs])[inverse]
+    nbytes[has] = np.array([c.bytes if c else math.nan for c in costs])[inverse]
+    kinds[has] = np.array([c.kind if c else "" for c in costs], dtype=object)[inverse]
+    units[has] = np.array([c.unit if c else "" for c in costs], dtype=object)[inverse]
+    return flops, nbytes, kinds, units
 
 
 def _shape_facts(trace: RawTrace, op_events: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -226,7 +272,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
         nbytes, mixed, dtypes = _shape_facts(trace, ev)
         source = _python_sources(trace, frames, trace.thread_id[ev], trace.ts_us[ev])
         return Kernels(ev, trace.ts_us[ev], self_us[order], trace.ts_us[ev], names[trace.name_id[ev]],
-                       source, nbytes, mixed, True, set_aside, dtypes)
+                       source, nbytes, mixed, True, set_aside, dtypes, trace.thread_id[ev])
 
     gpu = gpu[np.argsort(trace.ts_us[gpu], kind="stable")]
     launches = np.flatnonzero(((kind == K["cuda_runtime"]) | (kind == K["cuda_driver"])) & (trace.correlation >= 0))
@@ -265,7 +311,102 @@ def link_kernels(trace: RawTrace) -> Kernels:
     source[linked] = _python_sources(trace, frames, lthread[linked], lts[linked])
     query = np.where(linked, lts, trace.ts_us[gpu])
     return Kernels(gpu, trace.ts_us[gpu], trace.dur_us[gpu], query, launcher.astype(object), source,
-                   nbytes, mixed, False, set_aside, dtypes)
+                   nbytes, mixed, False, set_aside, dtypes, np.where(linked, lthread, trace.thread_id[gpu]),
+                   op_event=op_event)
+
+
+@dataclass(frozen=True)
+class GraphSites:
+    """Per kernel of a graph run, what its twin in a mapping trace says launched it: op, Python
+    line and layer ("", "", -1 where it has none, or is not a graph kernel), and the summary
+    stored with the run (method, kernels matched and unmatched, time share attributed). `flops`,
+    `nbytes`, `kind` and `unit`: the twin's part of its op's modelled cost (costs.py, spread over
+    the op's kernels by time in the mapping trace, as roofline.spread_op_costs does for a kernel's
+    own op): a replayed kernel runs the same op on the same shapes, so it is priced by them; NaN /
+    "" where the twin's op has no recorded shapes or no model, or the kernel has no twin."""
+
+    op: np.ndarray
+    source: np.ndarray
+    layer: np.ndarray
+    summary: dict
+    flops: np.ndarray | None = None
+    nbytes: np.ndarray | None = None
+    kind: np.ndarray | None = None
+    unit: np.ndarray | None = None
+
+
+def find_kernel_layers(trace: RawTrace, kernels: Kernels, steps: Steps) -> tuple[np.ndarray, np.ndarray]:
+    """(layer of each kernel, its layer frame's name, "" where none): graph_attribution.find_layers
+    over the trace's Python frames."""
+    frames = np.flatnonzero(trace.kind == K["python_function"])
+    frames = frames[_sane_times(trace)[frames]]
+    none = np.full(len(kernels.event), -1, np.int64), np.full(len(kernels.event), "", dtype=object)
+    if not len(frames) or kernels.query_thread is None:
+        return none
+    nest = Nesting.build(trace.thread_id[frames], trace.ts_us[frames], trace.ts_us[frames] + trace.dur_us[frames])
+    fname_ids = trace.name_id[frames].astype(np.int64)
+    layer, name_code = find_layers(fname_ids, nest.parents(), nest.depth_of(), _user_frames(trace, fname_ids),
+                                   trace.ts_us[frames], len(steps.wall_us),
+                                   nest.enclosing(kernels.query_thread, kernels.query_ts_us), steps.kernel_step)
+    names = np.asarray(trace.names + [""], dtype=object)
+    return layer, names[name_code]  # code -1: the trailing ""
+
+
+def attribute_graph_kernels(trace: RawTrace, kernels: Kernels, steps: Steps,
+                            mapping: RawTrace) -> GraphSites:
+    """Each graph-replayed kernel's op, line and layer, from its twin in `mapping`, a graph-off
+    trace of the same workload (ingest/traces/graph_attribution.py). Raises TraceError naming the
+    file when the run has no graph kernels, the mapping is not a graph-off GPU trace, or no step
+    of the two aligns (not the same workload)."""
+    from_graph = np.array([bool(_GRAPH_LAUNCH.match(x)) for x in kernels.launcher], bool)
+    if kernels.from_cpu_ops or not from_graph.any():
+        raise TraceError(trace.path, "has no kernels replayed from a CUDA graph (cudaGraphLaunch): "
+                                     "a mapping trace has nothing to attribute")
+    m_kernels = link_kernels(mapping)
+    if m_kernels.from_cpu_ops:
+        raise TraceError(mapping.path, "has no GPU kernels: a mapping trace is a graph-off GPU trace of the "
+                                       "same workload")
+    m_graph = sum(bool(_GRAPH_LAUNCH.match(x)) for x in m_kernels.launcher)
+    if m_graph:
+        raise TraceError(mapping.path, f"is not graph-off: {m_graph:,} of its {len(m_kernels.event):,} kernels "
+                                       "were replayed from a CUDA graph; a mapping trace runs the same workload "
+                                       "without graphs")
+    m_steps = assign_steps(mapping, m_kernels, None)
+    g_names = np.asarray(trace.names, dtype=object)[trace.name_id[kernels.event]]
+    m_names = np.asarray(mapping.names, dtype=object)[mapping.name_id[m_kernels.event]]
+    codes, _ = _encode(np.concatenate([g_names, m_names]))
+    graph_seq = KernelSequence(codes[:len(g_names)], trace.thread_id[kernels.event], steps.kernel_step, kernels.ts_us)
+    mapping_seq = KernelSequence(codes[len(g_names):], mapping.thread_id[m_kernels.event], m_steps.kernel_step,
+                                 m_kernels.ts_us)
+    aligned = align_steps(graph_seq, mapping_seq)
+    if aligned.steps_aligned == 0:
+        first = aligned.refused[0] if aligned.refused else "it has no step to align with"
+        raise TraceError(mapping.path, f"is not of the graph run's workload: {first} (at least "
+                                       f"{100 * MIN_STEP_MATCH:.0f} % of the larger side's kernels must)")
+    twin = np.where(from_graph, aligned.twin, -1)
+    hit = twin >= 0
+    m_layer, m_layer_name = find_kernel_layers(mapping, m_kernels, m_steps)
+    op = np.full(len(twin), "", dtype=object)
+    source, layer = op.copy(), np.full(len(twin), -1, np.int64)
+    op[hit], source[hit], layer[hit] = m_kernels.launcher[twin[hit]], m_kernels.source[twin[hit]], m_layer[twin[hit]]
+    frames = m_layer_name[twin[hit]]
+    frames = frames[frames != ""]
+    graph_us = float(kernels.dur_us[from_graph].sum())
+    summary = {
+        "method": METHOD_MAPPING, "mapping": mapping.path,
+        "kernels": int(from_graph.sum()), "matched": int(hit.sum()), "unmatched": int(from_graph.sum() - hit.sum()),
+        "time_share": float(kernels.dur_us[hit].sum()) / graph_us if graph_us > 0 else None,
+        "steps_aligned": aligned.steps_aligned, "steps_refused": aligned.steps_refused,
+        "layer_frame": Counter(frames.tolist()).most_common(1)[0][0] if len(frames) else None,
+    }
+    m_flops, m_bytes, m_kind, m_unit = _op_costs(mapping, m_kernels.op_event)
+    m_flops, m_bytes = spread_op_costs(m_kernels.op_event, m_kernels.dur_us, m_flops, m_bytes)
+    flops, nbytes = np.full(len(twin), math.nan), np.full(len(twin), math.nan)
+    kind, unit = np.full(len(twin), "", dtype=object), np.full(len(twin), "", dtype=object)
+    flops[hit], nbytes[hit], kind[hit], unit[hit] = (m_flops[twin[hit]], m_bytes[twin[hit]], m_kind[twin[hit]],
+                                                     m_unit[twin[hit]])
+    summary["priced"] = int((hit & ~np.isnan(flops) & ~np.isnan(nbytes)).sum())
+    return GraphSites(op, source, layer, summary, flops, nbytes, kind, unit)
 
 
 def _spans(trace: RawTrace, pattern: re.Pattern, kinds: tuple[str, ...]) -> np.ndarray:
@@ -468,10 +609,55 @@ def _measure_timeline(trace: RawTrace, kernels: Kernels, steps: Steps, step_tabl
         sorted(set(names[trace.name_id[spans]].tolist())))
 
 
-def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]) -> RankFigures:
+def _group_layers(group: np.ndarray, layer: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group (a kernel row), its kernels' distinct layers as text ("0-77"), "" when none."""
+    out = np.full(n_groups, "", dtype=object)
+    known = layer >= 0
+    if not known.any():
+        return out
+    order = np.argsort(group[known], kind="stable")
+    g, lay = group[known][order], layer[known][order]
+    bounds = np.flatnonzero(np.diff(g)) + 1
+    for part_g, part_l in zip(np.split(g, bounds), np.split(lay, bounds)):
+        out[part_g[0]] = summarise_layers(part_l)
+    return out
+
+
+def _roofline_columns(trace: RawTrace, kernels: Kernels, group: np.ndarray, n_groups: int, device,
+                      sites: GraphSites | None = None) -> pd.DataFrame:
+    """roofline.COLUMNS of each kernel row: its launching ops' modelled costs (costs.py) spread over
+    their kernels by time, against the device's datasheet peaks; a kernel replayed from a CUDA
+    graph (no launching op) takes its mapping twin's cost from `sites`. All null for a CPU-only
+    trace: its ops' self times are not the device time a roofline needs."""
+    n = len(kernels.event)
+    if kernels.from_cpu_ops or kernels.op_event is None:
+        op_flops, op_bytes = np.full(n, math.nan), np.full(n, math.nan)
+        kinds, units = np.full(n, "", dtype=object), np.full(n, "", dtype=object)
+        flops, nbytes = op_flops, op_bytes
+    else:
+        op_flops, op_bytes, kinds, units = _op_costs(trace, kernels.op_event)
+        flops, nbytes = spread_op_costs(kernels.op_event, kernels.dur_us, op_flops, op_bytes)
+        if sites is not None and sites.flops is not None:
+            twin = (kernels.op_event < 0) & (sites.kind != "")
+            flops, nbytes = np.where(twin, sites.flops, flops), np.where(twin, sites.nbytes, nbytes)
+            kinds, units = np.where(twin, sites.kind, kinds), np.where(twin, sites.unit, units)
+        names = np.asarray(trace.names, dtype=object)[trace.name_id[kernels.event]]
+        units = resolve_units(units, names)
+    return summarise_roofline(group, n_groups, kernels.dur_us, flops, nbytes, units, kinds,
+                              device.datasheet if device else None)
+
+
+def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule],
+              sites: GraphSites | None = None) -> RankFigures:
+    """The run's figures. With `sites` (attribute_graph_kernels), kernel rows are also told apart
+    by the op and line attributed to their graph kernels, kept in graph_op / graph_source /
+    graph_layers beside (never in) the launcher and source the trace itself gives."""
     name_id = trace.name_id[kernels.event].astype(np.int64)
     launcher_code, launchers = _encode(kernels.launcher)
     source_code, sources = _encode(kernels.source)
+    no_sites = np.full(len(name_id), "", dtype=object)
+    graph_op_code, graph_ops = _encode(sites.op if sites is not None else no_sites)
+    graph_source_code, graph_sources = _encode(sites.source if sites is not None else no_sites)
     cat_code, categories = categorise_kernels(trace, kernels, rules, name_id, launcher_code, launchers)
     category = categories[cat_code]
 
@@ -481,9 +667,10 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     total_us = float(dur.sum())
     # group on integer codes; the strings are put back on the few groups afterwards
     frame = pd.DataFrame({"name": name_id, "category": cat_code, "launcher": launcher_code,
-                          "source": source_code, "dur_us": dur, "bytes": kernels.bytes_per_call,
+                          "source": source_code, "graph_op": graph_op_code, "graph_source": graph_source_code,
+                          "dur_us": dur, "bytes": kernels.bytes_per_call,
                           "in_step": in_step, "step_us": np.where(in_step, dur, 0.0)})
-    g = frame.groupby(["name", "category", "launcher", "source"], sort=False)
+    g = frame.groupby(["name", "category", "launcher", "source", "graph_op", "graph_source"], sort=False)
     stats = g["dur_us"].agg(calls="count", total_us="sum", mean_us="mean", median_us="median",
                             min_us="min", max_us="max")
     stats["p90_us"] = g["dur_us"].quantile(0.9)
@@ -492,12 +679,18 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     group = g.ngroup().to_numpy()
     stats["ms_per_step_sd"] = _step_spread_ms(group, steps.kernel_step, dur, len(stats), n_steps)
     stats["input_dtypes"] = _group_dtypes(group, kernels, len(stats))
+    device = find_device(find_device_name(trace)) if not kernels.from_cpu_ops else None
+    stats = stats.join(_roofline_columns(trace, kernels, group, len(stats), device, sites).set_index(stats.index))
+    stats["graph_layers"] = _group_layers(group, sites.layer if sites is not None else np.full(len(group), -1),
+                                          len(stats))
     stats = stats.reset_index()
     names = np.asarray(trace.names, dtype=object)
     stats["name"] = names[stats["name"].to_numpy()]
     stats["category"] = categories[stats["category"].to_numpy()]
     stats["launcher"] = launchers[stats["launcher"].to_numpy()]
     stats["source"] = sources[stats["source"].to_numpy()]
+    stats["graph_op"] = graph_ops[stats["graph_op"].to_numpy()]
+    stats["graph_source"] = graph_sources[stats["graph_source"].to_numpy()]
     # bytes only when every call of the group had them (else the figure would mislead)
     stats.loc[stats["bytes_known"] < stats["calls"], "bytes_per_call"] = math.nan
     # calls and time count every kernel (as key_averages does); the per-step figures only the
@@ -507,7 +700,7 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     stats = stats.drop(columns=["bytes_known", "calls_in_steps", "step_us"])
     stats["share"] = stats["total_us"] / total_us if total_us > 0 else math.nan
     stats["gbps"] = stats["bytes_per_call"] / stats["mean_us"] / 1e3
-    peak = find_peak_gbps(find_device_name(trace)) if not kernels.from_cpu_ops else None
+    peak = device.datasheet.get("hbm_gbps") if device else None
     if peak:
         # an estimate above the device's peak cannot be the real traffic (the op did not read
         # all of its inputs): say "unknown" rather than print an impossible bandwidth
@@ -566,10 +759,16 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         comm_start_us=kernels.ts_us[comm][comm_order], comm_end_us=(kernels.ts_us + dur)[comm][comm_order],
         comm_step=steps.kernel_step[comm][comm_order],
         timeline=None if kernels.from_cpu_ops else _measure_timeline(trace, kernels, steps, step_table, comm),
+        graph_attribution=sites.summary if sites is not None else None,
+        roofline=device.describe() if device else None,
     )
 
 
-def analyse_trace(trace: RawTrace, rules: list[Rule], given_steps: int | None = None) -> RankFigures:
+def analyse_trace(trace: RawTrace, rules: list[Rule], given_steps: int | None = None,
+                  mapping: RawTrace | None = None) -> RankFigures:
+    """The trace's figures; with `mapping`, a graph-off trace of the same workload, its graph
+    kernels attributed to ops, lines and layers (attribute_graph_kernels)."""
     kernels = link_kernels(trace)
     steps = assign_steps(trace, kernels, given_steps)
-    return aggregate(trace, kernels, steps, rules)
+    sites = attribute_graph_kernels(trace, kernels, steps, mapping) if mapping is not None else None
+    return aggregate(trace, kernels, steps, rules, sites)

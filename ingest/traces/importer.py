@@ -50,6 +50,7 @@ class ImportOptions:
     job_id: int | None = None
     limits: ReadLimits = DEFAULT_LIMITS
     patterns: tuple[Pattern, ...] | None = None  # the pattern catalog (load_pattern_catalog); None: the built-in one
+    mapping: str | None = None  # graph-off trace(s) of the same workload (--mapping); None: the bundle's, if any
 
 
 def check_label(field: str, value: str | None) -> str | None:
@@ -109,17 +110,20 @@ def hash_traces(files: list[Path]) -> str:
 
 def analyse_files(files: list[Path], rules: list[Rule], steps: int | None,
                   limits: ReadLimits = DEFAULT_LIMITS, meter: ReadMeter | None = None,
-                  workers: int | None = None) -> list[RankFigures]:
+                  workers: int | None = None, mappings: list[Path] | None = None) -> list[RankFigures]:
     """Each file's figures, in rank order. Several files are read at once, each in a process of
     its own (`workers`, default `rank_workers()`: the CPUs, bounded by memory; ingest/traces/rank_pool.py),
     with the same figures as rank after rank; a single file is read here (by two processes when
-    it is large). `meter` hears how far the reading got (for a progress bar)."""
+    it is large). `meter` hears how far the reading got (for a progress bar). `mappings`, one
+    graph-off trace per file, attribute each file's graph kernels (analyse.attribute_graph_kernels)."""
     if workers is None:
         workers = rank_workers(json_sizes(files))
 
     def one(index: int, split: bool | None = None) -> RankFigures:
+        # (the mapping is read outside the meter, which counts the run's own files)
+        mapping = read_trace(mappings[index], split=split, limits=limits) if mappings else None
         with metered(meter.slot(index) if meter is not None else None):
-            return analyse_trace(read_trace(files[index], split=split, limits=limits), rules, steps)
+            return analyse_trace(read_trace(files[index], split=split, limits=limits), rules, steps, mapping)
 
     done = meter.finished if meter is not None else None
     if workers > 1 and len(files) > 1:
@@ -195,7 +199,7 @@ def build_record(path: Path, files: list[Path], figures: list[RankFigures], mani
         variant=opts.variant or (m.variant if m else None),
         engine=m.engine if m else None,
         workload=m.workload if m else None,
-        device_name=lead.device_name, peak_gbps=lead.peak_gbps, ranks=len(figures),
+        device_name=lead.device_name, peak_gbps=lead.peak_gbps, roofline=lead.roofline, ranks=len(figures),
         steps=lead.steps, step_method=lead.step_method, step_ms_median=lead.step_ms_median,
         tok_per_s=tok, layers=layers, copy_share=lead.copy_share, gpu_busy_share=lead.gpu_busy_share,
         kernel_us_total=lead.kernel_us_total, kernels_from_cpu_ops=lead.kernels_from_cpu_ops,
@@ -210,9 +214,42 @@ def build_record(path: Path, files: list[Path], figures: list[RankFigures], mani
         timing_ms_p10=m.timing.p10_ms if m and m.timing else None,
         timing_ms_p90=m.timing.p90_ms if m and m.timing else None,
         job_id=opts.job_id,
-        notes=list(lead.notes) + rank_notes,
+        notes=list(lead.notes) + rank_notes + _attribution_notes(lead.graph_attribution),
         rank_stats=rank_stats,
+        graph_attribution=lead.graph_attribution,
     )
+
+
+def _attribution_notes(summary: dict | None) -> list[str]:
+    """What a reader must know about the graph-kernel attribution: kernels left unmatched, steps refused."""
+    if not summary:
+        return []
+    notes = []
+    if summary["unmatched"]:
+        notes.append(f"{summary['unmatched']:,} of the {summary['kernels']:,} kernels replayed from CUDA graphs "
+                     f"found no twin in the {summary['method']}: their op, line and layer are unknown")
+    if summary["steps_refused"]:
+        notes.append(f"{summary['steps_refused']} step(s) were not attributed: too few of their kernels align with "
+                     f"the {summary['method']}'s (ingest/traces/graph_attribution.py, MIN_STEP_MATCH)")
+    return notes
+
+
+def find_mapping(mapping: str | None, manifest: Manifest | None, path: Path, files: list[Path]) -> list[Path]:
+    """The graph-off trace of each trace file: `--mapping`'s file(s), else the bundle's mapping
+    traces, else none; one per trace file, paired in the (rank) order the files are listed."""
+    if mapping is not None:
+        where = Path(mapping)
+        if not where.exists():
+            raise IngestError(f"{where}: no such file or directory (--mapping)")
+        found, _, _ = find_traces(where)
+    elif manifest is not None and manifest.mapping_traces:
+        found = [path / name for name in manifest.mapping_traces]
+    else:
+        return []
+    if len(found) != len(files):
+        raise IngestError(f"{mapping or path}: {len(found)} mapping trace(s) for {len(files)} trace(s): "
+                          "give one graph-off trace per rank")
+    return found
 
 
 def find_workload_key(workload: dict | None) -> str | None:
@@ -286,14 +323,15 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
     if opts.tok_per_s is not None and not opts.tok_per_s > 0:
         raise IngestError(f"--tok-per-s {opts.tok_per_s}: must be a positive number")
     files, manifest, file_notes = find_traces(path)
+    mappings = find_mapping(opts.mapping, manifest, path, files)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
-    content_hash = hash_traces(files)
+    content_hash = hash_traces(files + mappings)  # attributed or not: two runs
     if watch is None:
-        figures = analyse_files(files, rules, steps, opts.limits)
+        figures = analyse_files(files, rules, steps, opts.limits, mappings=mappings)
     else:
         meter = ReadMeter(files)
         with watch(meter):
-            figures = analyse_files(files, rules, steps, opts.limits, meter)
+            figures = analyse_files(files, rules, steps, opts.limits, meter, mappings=mappings)
     record = build_record(path, files, figures, manifest, opts, content_hash)
     record = dataclasses.replace(record, notes=file_notes + record.notes)
     record = dataclasses.replace(record, diagnosis=diagnose_record(record))

@@ -30,6 +30,8 @@ def build_bench_argv(python: str, spec: RunSpec, out: str, *, sha: str | None, r
             "--timing-steps", str(TIMING_STEPS), "--warmup", str(WARMUP_STEPS), "--out", out, "--repo", repo]
     if w.cuda_graph:
         argv.append("--cuda-graph")
+    if w.graph_mapping:
+        argv.append("--graph-mapping")
     if w.context is not None:
         argv += ["--context", str(w.context)]
     if sha is not None:

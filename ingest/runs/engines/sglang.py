@@ -53,7 +53,7 @@ TIMING_METHOD = "sglang-one-batch"
 STAGES = ("worktree", "patches", "benchmark", "trace", "versions", "bundle")
 _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 # Workload fields that only the reference engine reads; left out of an sglang run's manifest.
-_REFERENCE_ONLY = ("preset", "kv", "cuda_graph", "context")
+_REFERENCE_ONLY = ("preset", "kv", "cuda_graph", "graph_mapping", "context")
 _SHORT_S = 300.0  # git, listing and version probes
 
 

@@ -1,0 +1,119 @@
+"""The roofline of each kernel row: its op's modelled FLOPs and bytes (ingest/traces/costs.py),
+what it achieved, and how far that is from the device's ceilings (ingest/traces/devices.toml).
+
+Arrays in, arrays out, as analyse.py's other stages.
+
+1. An op's cost goes to the kernels it launched itself in proportion to their time
+   (`spread_op_costs`): a GEMM that runs a split-K kernel (33 us) and its reduction (1.5 us)
+   gives 96 % of its FLOPs and bytes to the first and 4 % to the second, so each of the op's
+   kernels shows the op's own achieved rate and the op's FLOPs and bytes are counted once. An
+   op whose kernels all lasted 0 us splits its cost equally among them.
+2. Per kernel row (`summarise_roofline`): FLOPs and bytes per call (medians over its calls);
+   intensity (FLOPs / bytes); achieved TFLOP/s and TB/s (its FLOPs and bytes over its time);
+   `compute_fraction`, the time its FLOPs would take at the peak of their unit over the time
+   they took (per call, so a row of several dtypes is weighed rightly; an FP32 GEMM counts
+   against TF32 when its kernel's name says tf32), and `bandwidth_fraction`, its TB/s over the
+   HBM peak. Figures are null unless every call of the row has them (as bytes_per_call).
+3. The bound: "compute" when the row's compute fraction exceeds its bandwidth fraction (its
+   intensity lies right of the ridge point, peak FLOP/s / peak bandwidth), "memory" otherwise,
+   and "latency" when the larger of the two is under LATENCY_FRACTION: the kernel gets under a
+   tenth of both roofs, so its time goes to launch, synchronisation or too little parallel
+   work, not to throughput. Collectives are "communication": what limits them is the link
+   between GPUs, which the table has no figure for, so their fractions stay null. Unknown
+   (null) when either fraction is.
+
+The fractions are of the datasheet figures (devices.toml says why); the run stores both the
+datasheet and the measured ceilings (`DevicePeaks.describe`) for the chart to draw.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+LATENCY_FRACTION = 0.10  # under a tenth of both roofs: bound by latency, not throughput
+UNIT_PEAKS = {"bf16": "bf16_tflops", "fp8": "fp8_tflops", "fp32": "fp32_tflops", "tf32": "tf32_tflops",
+              "vector": "fp32_tflops"}
+_TF32_KERNEL = re.compile(r"tf32|s1688|s16816|tensorop_s", re.IGNORECASE)
+COLUMNS = ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbps", "compute_fraction",
+           "bandwidth_fraction", "bound")
+
+
+def spread_op_costs(op_event: np.ndarray, dur_us: np.ndarray, op_flops: np.ndarray,
+                    op_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each kernel's part of its op's FLOPs and bytes (given per kernel: its op's, NaN for no op),
+    in proportion to its time among the kernels of the same op event (equal parts when they
+    all took 0 us)."""
+    known = op_event >= 0
+    key = np.where(known, op_event, 0)
+    _, op_code = np.unique(key, return_inverse=True)
+    op_code = op_code.reshape(-1)
+    op_us = np.bincount(op_code, weights=np.where(known, dur_us, 0.0))
+    op_kernels = np.bincount(op_code, weights=known.astype(float))
+    total = op_us[op_code]
+    part = np.where(total > 0, dur_us / np.where(total > 0, total, 1.0), 1.0 / np.maximum(op_kernels[op_code], 1))
+    part = np.where(known, part, math.nan)
+    return op_flops * part, op_bytes * part
+
+
+def resolve_units(units: np.ndarray, kernel_names: np.ndarray) -> np.ndarray:
+    """The peak each kernel's FLOPs count against: its op's unit, "fp32" made "tf32" where the
+    kernel's name says it ran on TF32 tensor cores."""
+    out = units.astype(object).copy()
+    fp32 = np.flatnonzero(out == "fp32")
+    if len(fp32):
+        tf32 = np.array([bool(_TF32_KERNEL.search(str(n))) for n in kernel_names[fp32]], bool)
+        out[fp32[tf32]] = "tf32"
+    return out
+
+
+def _peak_per_kernel(units: np.ndarray, peaks: dict) -> np.ndarray:
+    """TFLOP/s of each kernel's unit on this device (NaN where the table has none)."""
+    out = np.full(len(units), math.nan)
+    for unit, key in UNIT_PEAKS.items():
+        if key in peaks:
+            out[units == unit] = peaks[key]
+    return out
+
+
+def summarise_roofline(group: np.ndarray, n_groups: int, dur_us: np.ndarray, flops: np.ndarray,
+                       nbytes: np.ndarray, units: np.ndarray, kinds: np.ndarray,
+                       peaks: dict | None) -> pd.DataFrame:
+    """One row per group (kernel row) with COLUMNS; `peaks` the device's datasheet figures
+    (devices.toml's keys), None when the device is unknown (fractions and bound then null)."""
+    frame = pd.DataFrame({"group": group, "dur": dur_us, "flops": flops, "bytes": nbytes,
+                          "comm": kinds == "communication"})
+    peaks = peaks or {}
+    peak_tflops = _peak_per_kernel(units, peaks)
+    # the time the FLOPs would take at their unit's peak (FLOP-free kernels: none, whatever their unit)
+    frame["at_peak_us"] = np.where(flops == 0, 0.0, flops / (peak_tflops * 1e6))
+    g = frame.groupby("group", sort=True)
+    calls = g.size()
+    sums = g[["dur", "flops", "bytes", "at_peak_us"]].sum(min_count=1)
+    known = g[["flops", "bytes", "at_peak_us"]].count()
+    out = pd.DataFrame(index=pd.RangeIndex(n_groups))
+    for col, field in (("flops_per_call", "flops"), ("model_bytes_per_call", "bytes")):
+        med = g[field].median()
+        out[col] = med.where(known[field] == calls)
+    flops_sum = sums["flops"].where(known["flops"] == calls)
+    bytes_sum = sums["bytes"].where(known["bytes"] == calls)
+    time = sums["dur"].where(sums["dur"] > 0)
+    out["intensity"] = (flops_sum / bytes_sum.where(bytes_sum > 0)).reindex(out.index)
+    out["tflops"] = (flops_sum / time / 1e6).reindex(out.index)
+    out["tbps"] = (bytes_sum / time / 1e6).reindex(out.index)
+    comm = g["comm"].any().reindex(out.index, fill_value=False)
+    at_peak = sums["at_peak_us"].where(known["at_peak_us"] == calls)
+    out["compute_fraction"] = (at_peak / time).reindex(out.index).where(~comm)
+    hbm_tbps = peaks.get("hbm_gbps", math.nan) / 1e3
+    out["bandwidth_fraction"] = (out["tbps"] / hbm_tbps).where(~comm)
+    cf, bf = out["compute_fraction"].to_numpy(float), out["bandwidth_fraction"].to_numpy(float)
+    top = np.fmax(cf, bf)
+    bound = np.where(cf > bf, "compute", "memory").astype(object)
+    bound[top < LATENCY_FRACTION] = "latency"
+    bound[np.isnan(cf) | np.isnan(bf)] = None
+    bound[comm.to_numpy() & out["tbps"].notna().to_numpy()] = "communication"
+    out["bound"] = bound
+    return out.reset_index(drop=True)
