@@ -83,6 +83,19 @@ def _stored(name) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def count_series_commits(store, run_id: int) -> int:
+    """How many commits the series of a run (its variant) has runs at, this run's included; 0 for a
+    run without a commit. Change tracking compares commits (ingest/runs/track.py needs two), so an
+    importer asks this before it loads the detector."""
+    names = series_names_sql("r", "p") + ["coalesce(r.variant, '')"]
+    same = " AND ".join(f"{a} = {b}" for a, b in zip(names, series_names_sql("o", "q") + ["coalesce(o.variant, '')"]))
+    return store.con.execute(
+        "SELECT count(DISTINCT o.commit_id) FROM runs r JOIN repos p ON p.repo_id = r.repo_id,"
+        " runs o JOIN repos q ON q.repo_id = o.repo_id"
+        f" WHERE r.run_id = ? AND r.commit_id IS NOT NULL AND o.commit_id IS NOT NULL AND {same}",
+        [run_id]).fetchone()[0]
+
+
 def list_series_runs(store, series: dict, seq_range: tuple[int, int] | None = None) -> pd.DataFrame:
     """The runs of one variant of a series (named as pages name it) in commit order (first-parent
     seq, then date): one row per run, with the untimed step samples from its manifest

@@ -54,9 +54,11 @@ class RunRecord:
     kernels_from_cpu_ops: bool
     source_path: str
     manifest: dict | None
-    step_table: pd.DataFrame  # rank, step, wall_us, gpu_busy_us, kernel_us
-    step_categories: pd.DataFrame  # rank, step, category, dur_us
-    kernel_stats: pd.DataFrame  # rank, name, category, launcher, source, calls, ...
+    # the tables: an import's columnar tables (ingest/traces/table.py; `.to_pandas()` for a frame), or
+    # DataFrames in a record made by hand (tests); run_tables takes either
+    step_table: Any  # rank, step, wall_us, gpu_busy_us, kernel_us
+    step_categories: Any  # rank, step, category, dur_us
+    kernel_stats: Any  # rank, name, category, launcher, source, calls, ...
     workload_key: str | None = None
     batch_size: int | None = None
     timing_ms_median: float | None = None
@@ -65,7 +67,7 @@ class RunRecord:
     job_id: int | None = None
     diagnosis: list | None = None
     notes: list | None = None  # sentences a reader of the figures must know (step method, anomalies)
-    rank_stats: pd.DataFrame | None = None  # rank, device_name, steps, step_ms_median, busy/comm/wait ms per step, ...
+    rank_stats: Any = None  # rank, device_name, steps, step_ms_median, busy/comm/wait ms per step, ...
     timeline: dict | None = None  # the first rank's GPU timeline figures (ingest/traces/timeline.py)
     consistency: dict | None = None  # do the figures agree (ingest/regress/consistency.py)
     patterns: dict | None = None  # the pattern catalog's findings (ingest/regress/patterns.py)
@@ -73,7 +75,7 @@ class RunRecord:
     roofline: dict | None = None  # the device ceilings the kernels' roofline fractions are of (devices.toml)
 
 
-RunTables = dict  # "steps", "cats", "kernels" and maybe "ranks": Arrow tables of a RunRecord's frames
+RunTables = dict  # "steps", "cats", "kernels" and maybe "ranks": each a dict of NumPy columns (or an Arrow table)
 # kernel_stats' roofline columns (migration 011; ingest/traces/roofline.py), NaN stored as NULL
 ROOFLINE_COLUMNS = ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbps", "compute_fraction",
                     "bandwidth_fraction", "bound")
@@ -81,29 +83,58 @@ _ROOFLINE_SELECT = ", ".join(f"CASE WHEN isnan({c}) THEN NULL ELSE {c} END" for 
 
 
 def run_tables(rec: RunRecord) -> RunTables:
-    """The record's tables as Arrow tables, for Store.insert_run: made before the file is opened
-    (DuckDB scans a pandas frame column by column through pandas, ~3x slower than Arrow for the
-    small tables of a run, and that time would be spent holding the file)."""
+    """The record's tables as DuckDB scans them, for Store.insert_run: made before the file is opened.
+
+    An import's tables (ingest/traces/table.py: `columns` and a NumPy array per name) become dicts
+    of those arrays, which DuckDB scans without pandas or pyarrow (NaN and None read as NULL). A
+    pandas DataFrame (a record made by a test or a study) becomes an Arrow table: DuckDB scans a
+    frame column by column through pandas, ~3x slower than Arrow, and that time would be spent
+    holding the file."""
+    import numpy as np  # here: `ingest report` reads runs through this module without NumPy
+
+    kernels = _columns_of(rec.kernel_stats)
+    n = len(next(iter(kernels.values()), ()))
+    if "ms_per_step_sd" not in kernels:  # a record made without per-step spreads (tests, old readers)
+        kernels["ms_per_step_sd"] = np.full(n, np.nan)
+    if "input_dtypes" not in kernels:  # ... or without input dtypes
+        kernels["input_dtypes"] = np.full(n, "", dtype=object)
+    for column in ("graph_op", "graph_source", "graph_layers"):  # ... or without graph attribution
+        if column not in kernels:
+            kernels[column] = np.full(n, "", dtype=object)
+    for column in ROOFLINE_COLUMNS:  # ... or without the roofline (bound: text, the others numbers)
+        if column not in kernels:
+            kernels[column] = np.full(n, None, dtype=object) if column == "bound" else np.full(n, np.nan)
+    tables = {"steps": _columns_of(rec.step_table), "cats": _columns_of(rec.step_categories), "kernels": kernels}
+    if rec.rank_stats is not None and len(rec.rank_stats):
+        tables["ranks"] = _columns_of(rec.rank_stats)
+    if any(_is_frame(t) for t in (rec.kernel_stats, rec.step_table, rec.step_categories, rec.rank_stats)):
+        import pyarrow as pa  # only for a record of DataFrames
+
+        tables = {name: pa.table(_arrow_columns(columns)) for name, columns in tables.items()}
+    return tables
+
+
+def _is_frame(table: Any) -> bool:
+    """Whether a record's table is a pandas DataFrame (rather than an import's columnar table)."""
+    return table is not None and type(table).__module__.startswith("pandas")
+
+
+def _columns_of(table: Any) -> dict[str, Any]:
+    """{column name: values} of a table with `columns` and column access (an import's Table, a DataFrame)."""
+    return {str(name): table[name] for name in table.columns}
+
+
+def _arrow_columns(columns: dict[str, Any]) -> dict[str, Any]:
+    """DataFrame columns (or arrays) as Arrow arrays, NaN as null (as pa.Table.from_pandas reads them)."""
     import pyarrow as pa
 
-    def arrow(frame: pd.DataFrame) -> "pa.Table":
-        return pa.Table.from_pandas(frame, preserve_index=False)
-
-    kernels = rec.kernel_stats
-    if "ms_per_step_sd" not in kernels.columns:  # a record made without per-step spreads (tests, old readers)
-        kernels = kernels.assign(ms_per_step_sd=float("nan"))
-    if "input_dtypes" not in kernels.columns:  # ... or without input dtypes
-        kernels = kernels.assign(input_dtypes="")
-    for column in ("graph_op", "graph_source", "graph_layers"):  # ... or without graph attribution
-        if column not in kernels.columns:
-            kernels = kernels.assign(**{column: ""})
-    for column in ROOFLINE_COLUMNS:  # ... or without the roofline (bound: text, the others numbers)
-        if column not in kernels.columns:
-            kernels = kernels.assign(**{column: None if column == "bound" else float("nan")})
-    tables = {"steps": arrow(rec.step_table), "cats": arrow(rec.step_categories), "kernels": arrow(kernels)}
-    if rec.rank_stats is not None and len(rec.rank_stats):
-        tables["ranks"] = arrow(rec.rank_stats)
-    return tables
+    out = {}
+    for name, values in columns.items():
+        if type(values).__module__.startswith("pandas"):
+            out[name] = pa.Array.from_pandas(values)
+        else:
+            out[name] = pa.array(values, from_pandas=True)
+    return out
 
 
 def _result(cursor: duckdb.DuckDBPyConnection, records: bool) -> "pd.DataFrame | list[dict]":

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from db.series import count_series_commits
 from db.store import open_db, run_tables
 
 from .errors import IngestError
@@ -261,12 +262,14 @@ def run_check(args) -> int:
     return 1 if args.fail_on_regression and regressions else 0
 
 
-def _store_import(db: str, record, tables, facts) -> tuple[int, bool]:
+def _store_import(db: str, record, tables, facts) -> tuple[int, bool, int]:
+    """(run id, whether it was written, the commits its series now has runs at)."""
     with open_db(db) as store:
         run_id, created = store.insert_run(record, tables)
         if facts is not None:
             store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
-    return run_id, created
+        commits = count_series_commits(store, run_id) if created and record.commit else 0
+    return run_id, created, commits
 
 
 def _import_bar(meter) -> ImportBar:
@@ -292,8 +295,10 @@ def run_import(args) -> int:
         record = prepare_import(args.path, rules, opts, watch=_import_bar if sys.stderr.isatty() else None)
         facts = resolved or _commit_facts(record.commit, record.repo, args.repo_path)
         tables = run_tables(record)  # here, at batch priority, before the database thread holds the file
-        run_id, created = db_thread(_store_import, args.db, record, tables, facts)
-        if created and record.commit:
+        run_id, created, commits = db_thread(_store_import, args.db, record, tables, facts)
+        # change detection compares commits: the first commit of a series has nothing to compare,
+        # and the detector's imports (pandas, SciPy, ruptures: ~1.5 s) are left unloaded
+        if created and commits >= 2:
             from .runs.track import follow_runs
 
             follow_runs(args.db, [run_id], db_thread)  # its own short connections: the detection runs with none open

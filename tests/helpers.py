@@ -85,6 +85,8 @@ def torch_kernel_rows(key_averages: Path, trace_path: Path) -> dict[str, dict]:
 
 def assert_matches_torch(kernel_stats, expected: dict[str, dict]) -> None:
     """A run's kernel calls and time, per kernel name, are torch's key_averages() rows' (0.5 %)."""
+    if hasattr(kernel_stats, "to_dicts"):  # an import's table (ingest/traces/table.py)
+        kernel_stats = kernel_stats.to_pandas()
     got = kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
     assert set(got.index) == set(expected)
     for name, row in got.iterrows():

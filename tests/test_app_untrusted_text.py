@@ -167,9 +167,9 @@ def _hostile_run(record, mark, job_id=None):
     """The imported run with every label a trace or manifest can carry replaced by hostile text,
     its diagnosis worked out again from those kernels (as the importer does)."""
     workload = {**record.workload, "preset": mark("preset")}
-    kernels = record.kernel_stats.assign(
-        name=mark("kernel") + " " + record.kernel_stats["name"], launcher=mark("launcher"), source=mark("source"),
-        category=record.kernel_stats["category"].replace({"cast": mark("category")}))
+    frame = record.kernel_stats.to_pandas()  # a DataFrame: run_tables and the diagnosis take either
+    kernels = frame.assign(name=mark("kernel") + " " + frame["name"], launcher=mark("launcher"), source=mark("source"),
+                           category=frame["category"].replace({"cast": mark("category")}))
     record = dataclasses.replace(record, repo=mark("repo"), variant=mark("variant"), engine=mark("engine"),
                                  device_name=mark("device"), workload=workload,
                                  workload_key=find_workload_key(workload), kernel_stats=kernels,

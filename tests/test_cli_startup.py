@@ -1,8 +1,9 @@
 """What `python -m ingest` loads before it answers: --help and usage errors load neither DuckDB
 nor NumPy nor pandas, a report loads DuckDB but no NumPy or pandas (they cost ~0.6 s of the
-~0.7 s a command used to take to start; ingest/BENCHMARKS.md has the timings), and an import
-without a commit loads none of change detection's SciPy and ruptures (~1 s of imports). Checked in fresh
-processes, from sys.modules, so the test says what was loaded, not how long it took."""
+~0.7 s a command used to take to start; ingest/BENCHMARKS.md has the timings), an import
+without a commit loads none of change detection's SciPy and ruptures (~1 s of imports), and an
+import loads no pandas or pyarrow (~0.3-0.45 s) until a series has two commits to compare. Checked
+in fresh processes, from sys.modules, so the test says what was loaded, not how long it took."""
 
 import json
 import subprocess
@@ -72,3 +73,30 @@ def test_an_import_without_a_commit_loads_no_change_detection(tmp_path):
     assert done["out"].strip() == "1" and "imported run 1" in done["err"]
     assert "scipy" not in done["loaded"] and "ruptures" not in done["loaded"], done["loaded"]
     assert {"duckdb", "msgspec", "numpy"} <= set(done["loaded"])
+
+
+@pytest.mark.parametrize("path", ["bundles/tiny-fused-eager-stack", "h200/tp2"])
+def test_an_import_loads_no_pandas_or_pyarrow_and_writes_the_run(tmp_path, path):
+    """A bundle (its manifest names a commit: the first of its series, nothing to compare) and a
+    directory of two ranks: read, analysed, diagnosed, checked and written with NumPy and DuckDB."""
+    db = tmp_path / "i.duckdb"
+    done = _probe("import", str(ROOT / "tests" / "data" / path), "--db", str(db))
+    assert done["code"] == 0, done["err"]
+    assert done["out"].strip() == "1" and "imported run 1" in done["err"]
+    assert not {"pandas", "pyarrow", "scipy", "ruptures"} & set(done["loaded"]), done["loaded"]
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        ranks, kernels, diagnosis = con.execute(
+            "SELECT r.ranks, (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id), r.diagnosis"
+            " FROM runs r WHERE r.run_id = 1").fetchone()
+        stats = con.execute("SELECT count(*) FROM rank_stats WHERE run_id = 1").fetchone()[0]
+    finally:
+        con.close()
+    assert ranks == stats == (2 if path == "h200/tp2" else 1) and kernels > 5 and json.loads(diagnosis)
+    if path.startswith("bundles/"):  # a second commit of the series: now there is a change to look for
+        other = _probe("import", str(ROOT / "tests" / "data" / "bundles" / "tiny-fused-eager-nostack"),
+                       "--db", str(db), "--commit", "f" * 40)
+        assert other["code"] == 0 and other["out"].strip() == "2", other["err"]
+        assert {"pandas", "scipy", "ruptures"} <= set(other["loaded"]), other["loaded"]

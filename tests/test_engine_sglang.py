@@ -506,7 +506,7 @@ def patched(fake, tmp_path_factory):
 
 def _top_op(bundle: Path):
     record = prepare_import(bundle, load_rule_chain(), ImportOptions())
-    stats = record.kernel_stats.groupby("name")["total_us"].sum().sort_values(ascending=False)
+    stats = record.kernel_stats.to_pandas().groupby("name")["total_us"].sum().sort_values(ascending=False)
     return record, stats
 
 

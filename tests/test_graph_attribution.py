@@ -94,7 +94,7 @@ def test_tiny_graph_kernels_are_attributed_to_workload_lines_and_layers(kv, kern
     assert (summary["kernels"], summary["matched"], summary["unmatched"]) == (kernels, kernels, 0)
     assert summary["time_share"] == 1.0 and (summary["steps_aligned"], summary["steps_refused"]) == (3, 0)
     assert summary["layer_frame"] == workload_line(commit, "_run_layer")
-    stats = fig.kernel_stats
+    stats = fig.kernel_stats.to_pandas()
     assert (stats["launcher"] == "cudaGraphLaunch").all()  # what the trace says stays as it says it
     assert (stats["source"] == workload_line(commit, "run_step")).all()
     assert (stats["graph_layers"] == "0-3").all()
@@ -124,7 +124,7 @@ def test_glm5_graph_kernels_are_attributed_to_their_workload_lines():
     summary = fig.graph_attribution
     assert (summary["kernels"], summary["matched"], summary["unmatched"], summary["time_share"]) == (1638, 1638, 0, 1.0)
     assert summary["method"] == "mapping trace" and summary["layer_frame"] == workload_line(commit, "_run_layer")
-    stats = fig.kernel_stats.set_index("name")
+    stats = fig.kernel_stats.to_pandas().set_index("name")
     cast = stats.loc[[n for n in stats.index if n.startswith(CAST)][0]]
     assert (cast.graph_op, cast.graph_source, cast.graph_layers, cast.calls) == (
         "aten::copy_", workload_line(commit, "_fetch_kv"), "0-77", 78)

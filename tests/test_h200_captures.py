@@ -34,7 +34,7 @@ def test_graph_mode_sglang_step_is_its_gpu_time():
     assert 0.95 < f.gpu_busy_share <= 1.0
     # the prepare (positions += 1) and sample (logits, argmax) kernels run outside the span: kept
     assert f.between_steps_kernels == 6
-    cast = f.kernel_stats.iloc[0]
+    cast = f.kernel_stats.to_dicts()[0]
     assert (cast["category"], cast["calls_per_step"], cast["launcher"]) == ("cast", 78.0, "cudaGraphLaunch")
     assert cast["ms_per_step"] / f.step_ms_median > 0.85  # the seeds' story, under CUDA graphs
 

@@ -18,7 +18,8 @@ def figures():
 
 def test_calls_and_self_time_match_key_averages(figures):
     expected = {r["name"]: r for r in json.loads((TRACES / "cpu_small.key_averages.json").read_text())}
-    per_name = figures.kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
+    per_name = figures.kernel_stats.to_pandas().groupby("name").agg(calls=("calls", "sum"),
+                                                                    total_us=("total_us", "sum"))
     assert len(per_name) == 15
     for name, row in per_name.iterrows():
         assert row.calls == expected[name]["count"], name
@@ -29,7 +30,7 @@ def test_steps_and_headline_figures(figures):
     assert figures.kernels_from_cpu_ops
     assert figures.step_method == "profiler-step"
     assert figures.steps == 3
-    top = figures.kernel_stats.iloc[0]
+    top = figures.kernel_stats.to_dicts()[0]
     # the fp8 -> bf16 copy of a 256x32 pool: bf16 written + fp8 read, from the recorded shapes
     assert (top["name"], top["category"], top["calls_per_step"]) == ("aten::copy_", "cast", 1.0)
     assert top["bytes_per_call"] == 256 * 32 * 2 + 256 * 32 * 1
@@ -37,7 +38,7 @@ def test_steps_and_headline_figures(figures):
                 if text.startswith("def step("))
     # torch names a Python frame by the line its function starts on
     assert top["source"] == f"make_cpu_trace.py({line}): step"
-    mm = figures.kernel_stats.set_index("name").loc["aten::mm"]
+    mm = figures.kernel_stats.to_pandas().set_index("name").loc["aten::mm"]
     assert mm["category"] == "gemm" and mm["bytes_per_call"] == (4 * 64 + 64 * 64) * 2
     assert figures.gpu_busy_share is None and figures.peak_gbps is None
     assert 0 < figures.copy_share < 1

@@ -44,7 +44,8 @@ def test_all_ten_captures_are_here_and_small():
 @pytest.mark.parametrize("name", NAMES)
 def test_calls_and_time_per_kernel_match_key_averages(analysed, name):
     expected = _kernel_rows(name)
-    got = analysed[name].kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
+    stats = analysed[name].kernel_stats.to_pandas()
+    got = stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
     assert set(got.index) == set(expected)
     assert len(expected) >= 12
     for kernel, row in got.iterrows():
@@ -78,7 +79,7 @@ def test_steps_and_attribution(analysed, name):
 
 def test_glm5_whole_pool_cast_is_once_per_layer_and_most_of_the_step(analysed):
     f = analysed["glm5-full-pool-cast-graph"]
-    top = f.kernel_stats.iloc[0]
+    top = f.kernel_stats.to_dicts()[0]
     assert top["category"] == "cast"
     assert "direct_copy_kernel_cuda" in top["name"]
     assert top["calls_per_step"] == 78.0  # 78 layers
@@ -87,14 +88,14 @@ def test_glm5_whole_pool_cast_is_once_per_layer_and_most_of_the_step(analysed):
     assert 70.0 < f.step_ms_median < 80.0  # 74.1 ms median untimed; the profiled steps are alike
     fused = analysed["glm5-fused-graph"]
     assert fused.copy_share < f.copy_share / 10  # the gather-cast and the new-token cast remain
-    cast = fused.kernel_stats[fused.kernel_stats["name"] == "_gather_cast_kernel"].iloc[0]
+    cast = fused.kernel_stats[fused.kernel_stats["name"] == "_gather_cast_kernel"].to_dicts()[0]
     assert (cast["category"], cast["calls_per_step"]) == ("cast", 78.0)
     assert fused.step_ms_median < f.step_ms_median / 6
 
 
 def test_eager_cast_bytes_and_bandwidth(analysed):
     # tiny preset: a 4,096 x 576 FP8 layer pool cast to BF16 -> 2 + 1 bytes per element
-    k = analysed["tiny-full-pool-cast-eager-stack"].kernel_stats
+    k = analysed["tiny-full-pool-cast-eager-stack"].kernel_stats.to_pandas()
     cast = k[(k["category"] == "cast") & (k["calls_per_step"] == 4.0)]
     big = cast.loc[cast["total_us"].idxmax()]
     assert big["launcher"] == "aten::copy_"

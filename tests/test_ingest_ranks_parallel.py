@@ -39,7 +39,7 @@ def assert_same_figures(a, b) -> None:
         assert (x.kernel_us_total, x.copy_share, x.step_ms_median, x.gpu_busy_share) == \
             (y.kernel_us_total, y.copy_share, y.step_ms_median, y.gpu_busy_share)
         for table in ("kernel_stats", "step_table", "step_categories"):
-            pd.testing.assert_frame_equal(getattr(x, table), getattr(y, table))
+            pd.testing.assert_frame_equal(getattr(x, table).to_pandas(), getattr(y, table).to_pandas())
         for arr in ("comm_start_us", "comm_end_us", "comm_step"):
             assert np.array_equal(getattr(x, arr), getattr(y, arr))
 
@@ -79,7 +79,7 @@ def test_a_generated_directory_is_read_at_once_with_the_expected_figures(rank_di
     assert [f.rank for f in at_once] == [0, 1, 2, 3]  # from each header's distributedInfo
     assert len(expected) == 13
     for f in at_once:
-        got = f.kernel_stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
+        got = f.kernel_stats.to_pandas().groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
         assert set(got.index) == set(expected)
         for name, row in got.iterrows():
             assert row.calls == expected[name][0], name

@@ -63,7 +63,7 @@ def test_sglang_decode_step_is_its_gpu_time_not_the_host_span():
 def test_sglang_prefill_spans_are_the_steps_when_there_is_no_decode():
     f = analyse_trace(read_trace(SGLANG_PREFILL), RULES)
     assert (f.step_method, f.steps) == ("span", 1)
-    assert f.step_table["wall_us"].iloc[0] >= f.step_table["gpu_busy_us"].iloc[0] > 0
+    assert f.step_table["wall_us"][0] >= f.step_table["gpu_busy_us"][0] > 0
 
 
 def test_decode_spans_only_when_prefill_spans_are_there_too(tmp_path):
@@ -88,7 +88,7 @@ def test_a_trace_without_step_markers_is_one_step_of_its_gpu_time():
     f = analyse_trace(read_trace(path), RULES)
     assert (f.step_method, f.steps, f.between_steps_kernels) == ("whole-trace", 1, 0)
     extent = max(k["ts"] + k["dur"] for k in kernels) - min(k["ts"] for k in kernels)
-    assert f.step_table["wall_us"].iloc[0] == pytest.approx(extent, rel=1e-9)
+    assert f.step_table["wall_us"][0] == pytest.approx(extent, rel=1e-9)
     assert f.kernel_stats["calls_per_step"].sum() == len(kernels)
     assert any("whole profiled window is read as one step" in n for n in f.notes)
     # and --steps N still splits it into N equal runs of kernels
@@ -154,7 +154,7 @@ def test_python_source_of_a_script_without_py_suffix(tmp_path):
     subprocess.run([sys.executable, str(script)], check=True, cwd=tmp_path, timeout=300)
     f = analyse_trace(read_trace(out), RULES)
     line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.startswith("def layer"))
-    sources = set(f.kernel_stats.loc[f.kernel_stats["name"] == "aten::mm", "source"])
+    sources = set(f.kernel_stats[f.kernel_stats["name"] == "aten::mm"]["source"])
     assert sources == {f"bench({line}): layer"}
 
 

@@ -34,7 +34,7 @@ def test_spread_is_the_standard_deviation_of_each_kernels_ms_over_the_steps(path
     figures = aggregate(trace, kernels, steps, rules)
     n = figures.steps
     assert n >= 2
-    stats = figures.kernel_stats
+    stats = figures.kernel_stats.to_pandas()
     # the recount: per (name, launcher, source) and step, the sum of durations, one event at a time
     per_step = defaultdict(lambda: np.zeros(n))
     names = np.asarray(trace.names, dtype=object)[trace.name_id[kernels.event]]
@@ -58,7 +58,7 @@ def test_the_spread_is_stored_and_read_back(tmp_path):
         run_id, _ = store.insert_run(record)
         rows = store.list_kernels(run_id)
     cast = rows[rows["category"] == "cast"].iloc[0]
-    want = record.kernel_stats.set_index(["name", "launcher", "source"]).loc[
+    want = record.kernel_stats.to_pandas().set_index(["name", "launcher", "source"]).loc[
         (cast["name"], cast["launcher"], cast["source"]), "ms_per_step_sd"]
     assert cast["ms_per_step_sd"] == pytest.approx(want) and math.isfinite(want) and want > 0
 

@@ -130,7 +130,7 @@ def test_gather_then_cast_moves_only_the_live_rows():
     bundle = SAMPLES / "3cf1671-glm5-gather-then-cast-eager"
     record = prepare_import(bundle, RULES, ImportOptions())
     w = json.loads((bundle / "manifest.json").read_text())["workload"]
-    big_cast = record.kernel_stats[record.kernel_stats["category"] == "cast"].iloc[0]
+    big_cast = record.kernel_stats[record.kernel_stats["category"] == "cast"].to_dicts()[0]
     assert big_cast["bytes_per_call"] == w["active_rows"] * w["kv_dim"] * 3  # exactly the live rows: 1x
     assert not _found(record.patterns, "copy-beyond-live-data")
     assert "copy-beyond-live-data" not in _not_evaluated(record.patterns)

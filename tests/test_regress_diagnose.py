@@ -35,7 +35,21 @@ CAST = "unrolled_elementwise_kernel<direct_copy_kernel_cuda>"
 
 
 def _load(path) -> RunFacts:
-    return facts_from_record(prepare_import(path, load_rule_chain(), ImportOptions()))
+    """The run's facts with its kernel rows as a DataFrame (as the pages and change tracking read
+    them from the database); test_an_import_s_table_and_its_frame_give_the_same_findings checks
+    that the import's own table gives the same findings."""
+    facts = facts_from_record(prepare_import(path, load_rule_chain(), ImportOptions()))
+    return dataclasses.replace(facts, kernels=facts.kernels.to_pandas())
+
+
+def test_an_import_s_table_and_its_frame_give_the_same_findings():
+    record = prepare_import(SAMPLES / "3cf1671-glm5-full-pool-cast-eager", load_rule_chain(), ImportOptions())
+    table = facts_from_record(record)
+    assert hasattr(table.kernels, "to_dicts")  # the import's columnar table: no pandas on the import's path
+    frame = dataclasses.replace(table, kernels=table.kernels.to_pandas())
+    findings = diagnose_run(table)
+    assert findings == diagnose_run(frame) and [f.kind for f in findings][:2] == ["summary", "per_layer"]
+    assert record.diagnosis == [dataclasses.asdict(f) for f in findings]
 
 
 @pytest.fixture(scope="module")

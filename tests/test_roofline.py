@@ -134,7 +134,7 @@ def _row(flops_per_call, bytes_per_call, us, unit="bf16", kind="gemm", peaks=Non
     out = summarise_roofline(np.zeros(calls, np.int64), 1, np.full(calls, us), np.full(calls, float(flops_per_call)),
                              np.full(calls, float(bytes_per_call)), np.array([unit] * calls, dtype=object),
                              np.array([kind] * calls, dtype=object), peaks)
-    return out.iloc[0]
+    return out.to_dicts()[0]
 
 
 H200 = find_device("NVIDIA H200").datasheet
@@ -165,11 +165,11 @@ def test_a_row_s_rates_fractions_and_bound_follow_the_stated_rule():
 def test_a_row_with_a_call_of_unknown_cost_has_no_figures_and_mixed_units_are_weighed_per_call():
     mixed = summarise_roofline(np.zeros(2, np.int64), 1, np.array([10.0, 10.0]), np.array([1e9, np.nan]),
                                np.array([1e6, 1e6]), np.array(["bf16", "bf16"], dtype=object),
-                               np.array(["gemm", "gemm"], dtype=object), H200).iloc[0]
+                               np.array(["gemm", "gemm"], dtype=object), H200).to_dicts()[0]
     assert math.isnan(mixed["flops_per_call"]) and math.isnan(mixed["tflops"]) and mixed["bound"] is None
     both = summarise_roofline(np.zeros(2, np.int64), 1, np.array([10.0, 10.0]), np.array([1e9, 1e9]),
                               np.array([1e6, 1e6]), np.array(["bf16", "fp32"], dtype=object),
-                              np.array(["gemm", "gemm"], dtype=object), H200).iloc[0]
+                              np.array(["gemm", "gemm"], dtype=object), H200).to_dicts()[0]
     # each call's time at its own peak, over the row's time
     assert both["compute_fraction"] == pytest.approx((1e9 / 989.4e6 + 1e9 / 66.9e6) / 20)
 
@@ -335,7 +335,8 @@ def test_graph_kernels_are_priced_by_their_mapping_twins_as_arithmetic_on_the_tw
     graph, mapping = pair / "trace.json.gz", pair / "mapping.trace.json.gz"
     fig = analyse_trace(read_trace(graph), load_rule_chain(), None, read_trace(mapping))
     expected = independent_costs(mapping)
-    rows = fig.kernel_stats[fig.kernel_stats["graph_op"] != ""]
+    stats = fig.kernel_stats.to_pandas()
+    rows = stats[stats["graph_op"] != ""]
     got = defaultdict(lambda: {"calls": 0, "us": 0.0, "flops": 0.0, "bytes": 0.0})
     for r in rows.itertuples():
         g = got[(r.name, r.graph_op)]
@@ -366,7 +367,7 @@ def test_graph_kernels_are_priced_by_their_mapping_twins_as_arithmetic_on_the_tw
 def test_wild_bert_traces_get_rates_under_their_device_s_peaks(name, device):
     record = prepare_import(DATA / "wild" / name, load_rule_chain(), ImportOptions())
     assert record.roofline["device"] == device
-    k = record.kernel_stats
+    k = record.kernel_stats.to_pandas()
     gemms = k[k["launcher"] == "aten::addmm"]
     assert len(gemms) and gemms["tflops"].notna().all() and (gemms["bound"].notna()).all()
     assert (k.loc[k["launcher"] == "aten::_flash_attention_forward", "tbps"] > 0).all()

@@ -11,9 +11,11 @@ and the step time and tok/s that would remain without the kernel. For a change: 
 metric's move at the commit and the kernels that explain it. For a patched/unpatched pair: what
 the patch adds, removes and changes, and whether it still helps.
 
-Pure functions of plain values and per-kernel DataFrames (columns as stepwatch stores them:
+Pure functions of plain values and per-kernel tables (columns as stepwatch stores them:
 name, category, launcher, source, calls_per_step, ms_per_step, bytes_per_call, gbps,
-peak_fraction).
+peak_fraction): a DataFrame read from the database, or an import's columnar table
+(ingest/traces/table.py, anything with `columns` and `to_dicts()`), so that the import's
+diagnosis loads no pandas. A run's findings read its rows as dicts (`kernel_rows`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import pandas as pd
+import numpy as np
 
 from . import RegressError
 from .explain import Explanation, explain_change
@@ -66,7 +68,7 @@ class RunFacts:
     never over the timed step, which the profiler did not slow down."""
 
     step_ms: float
-    kernels: pd.DataFrame
+    kernels: Any  # one rank's kernel rows: a DataFrame, or a table with `columns` and `to_dicts()`
     profiled_step_ms: float | None = None
     tok_per_s: float | None = None
     batch_size: int | None = None
@@ -89,11 +91,13 @@ def facts_from_record(record, rank: int | None = None) -> RunFacts:
     kernels = record.kernel_stats
     if "rank" in kernels.columns and len(kernels):
         kernels = kernels[kernels["rank"] == (kernels["rank"].min() if rank is None else rank)]
+        if hasattr(kernels, "reset_index"):  # a DataFrame's rows numbered afresh
+            kernels = kernels.reset_index(drop=True)
     timing = getattr(record, "timing_ms_median", None)
     step_ms = timing if _is_number(timing) and timing > 0 else record.step_ms_median
     workload = getattr(record, "workload", None) or {}
     return RunFacts(
-        step_ms=step_ms, kernels=kernels.reset_index(drop=True), tok_per_s=getattr(record, "tok_per_s", None),
+        step_ms=step_ms, kernels=kernels, tok_per_s=getattr(record, "tok_per_s", None),
         profiled_step_ms=record.step_ms_median,
         batch_size=getattr(record, "batch_size", None) or workload.get("batch_size"),
         layers=getattr(record, "layers", None) or workload.get("layers"),
@@ -277,16 +281,43 @@ def _match_tensor(bytes_per_call: float, tensors: list[KnownTensor]) -> tuple[Kn
 # A run
 
 
+def kernel_rows(kernels: Any) -> list[dict[str, Any]]:
+    """A kernel table's rows as dicts by column name, in its order: an import's table (`to_dicts()`)
+    or a DataFrame (`to_dict("records")`)."""
+    to_dicts = getattr(kernels, "to_dicts", None)
+    return to_dicts() if callable(to_dicts) else kernels.to_dict(orient="records")
+
+
+def column_sum(rows: list[dict[str, Any]], column: str) -> float:
+    """The sum of a column over rows, NaN and None as 0, added as pandas' Series.sum adds (NumPy)."""
+    values = np.array([row.get(column) for row in rows], dtype=float)
+    return float(np.where(np.isnan(values), 0.0, values).sum())
+
+
+def size_key(row: Mapping[str, Any]) -> tuple[int, float]:
+    """A row's place by ms per step: largest first, missing last (with sorted(), which keeps rows of
+    equal value in their order: DataFrame.sort_values("ms_per_step", ascending=False, kind="stable"))."""
+    v = row.get("ms_per_step")
+    return (1, 0.0) if v is None or v != v else (0, -v)
+
+
+def by_size(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows by ms per step, largest first (size_key)."""
+    return sorted(rows, key=size_key)
+
+
 def _check_facts(facts: RunFacts, what: str) -> None:
     if not _is_number(facts.step_ms) or facts.step_ms <= 0:
         raise RegressError(f"{what}: step_ms {facts.step_ms!r} must be a positive number of milliseconds")
-    if not isinstance(facts.kernels, pd.DataFrame):
-        raise RegressError(f"{what}: kernels must be a DataFrame, got {type(facts.kernels).__name__}")
-    missing = [c for c in _NEEDED if c not in facts.kernels.columns]
+    columns = getattr(facts.kernels, "columns", None)
+    if columns is None or not (callable(getattr(facts.kernels, "to_dicts", None)) or hasattr(facts.kernels, "iloc")):
+        raise RegressError(f"{what}: kernels must be a table of kernel rows (a DataFrame, or an import's table), "
+                           f"got {type(facts.kernels).__name__}")
+    missing = [c for c in _NEEDED if c not in columns]
     if missing:
         raise RegressError(f"{what}: kernel rows lack column(s) {', '.join(missing)}")
-    if "rank" in facts.kernels.columns and facts.kernels["rank"].nunique() > 1:
-        raise RegressError(f"{what}: kernel rows of {facts.kernels['rank'].nunique()} ranks; pass one rank's rows")
+    if "rank" in columns and len(ranks := set(np.asarray(facts.kernels["rank"]).tolist())) > 1:
+        raise RegressError(f"{what}: kernel rows of {len(ranks)} ranks; pass one rank's rows")
 
 
 def _tok_per_s_at(facts: RunFacts, step_ms: float) -> float | None:
@@ -387,7 +418,7 @@ def _without_finding(row: Mapping[str, Any], facts: RunFacts) -> Finding:
             text += f" instead of {_fmt_rate(tok_now)}"
     text += f" ({facts.step_ms / remaining:.1f}x)"
     if (facts.workload or {}).get("cuda_graph") is False:
-        launches = float(facts.kernels["calls_per_step"].sum() - float(row["calls_per_step"]))
+        launches = float(column_sum(kernel_rows(facts.kernels), "calls_per_step") - float(row["calls_per_step"]))
         numbers["kernel_launches_per_step_without"] = launches
         text += (f"; an upper bound: the run is eager, and with {_fmt_count(launches)} kernel launches per step "
                  "left, the CPU may set the pace instead (CUDA graphs avoid that)")
@@ -431,15 +462,14 @@ def diagnose_run(facts: RunFacts, min_share: float = 0.10, max_kernels: int = 3)
     """Findings about the kernels that take at least `min_share` of the step (at most
     `max_kernels` of them, largest first; the largest one whatever its share)."""
     _check_facts(facts, "run")
-    kernels = facts.kernels.sort_values("ms_per_step", ascending=False, kind="stable")
-    if kernels.empty:
+    kernels = by_size(kernel_rows(facts.kernels))
+    if not kernels:
         return []
-    top = kernels[kernels["ms_per_step"] >= min_share * _profiled_step_ms(facts)].head(max_kernels)
-    if top.empty:
-        top = kernels.head(1)
+    least = min_share * _profiled_step_ms(facts)
+    top = [row for row in kernels if row["ms_per_step"] >= least][:max_kernels] or kernels[:1]
     findings = []
-    for _, row in top.iterrows():
-        findings += diagnose_kernel(row.to_dict(), facts)
+    for row in top:
+        findings += diagnose_kernel(row, facts)
     return findings
 
 
@@ -496,7 +526,7 @@ def _kernel_change_sentence(row: Mapping[str, Any], facts_after: RunFacts, facts
     return Finding("change_kernel", _sentence_start(text) + ".", numbers, name)
 
 
-def _explaining_rows(explanation: Explanation, min_fraction: float, top: int) -> pd.DataFrame:
+def _explaining_rows(explanation: Explanation, min_fraction: float, top: int):
     k = explanation.kernels
     delta_step = abs(explanation.delta_step_ms)
     big = k["delta_ms_per_step"].abs() >= max(min_fraction * delta_step, 1e-9)

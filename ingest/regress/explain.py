@@ -11,11 +11,14 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from . import RegressError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KEY_COLUMNS = ("name", "launcher", "source")
 NEEDED_COLUMNS = ("name", "category", "launcher", "source", "calls_per_step", "ms_per_step", "bytes_per_call")
@@ -62,7 +65,15 @@ class Explanation:
         return self.delta_step_ms - self.kernel_delta_ms
 
 
+def _as_frame(table: Any) -> Any:
+    """A kernel table as a DataFrame: an import's columnar table (ingest/traces/table.py) converted."""
+    to_pandas = getattr(table, "to_pandas", None)
+    return to_pandas() if callable(to_pandas) and not hasattr(table, "iloc") else table
+
+
 def _check_table(frame: pd.DataFrame, side: str, key: tuple[str, ...]) -> None:
+    import pandas as pd
+
     if not isinstance(frame, pd.DataFrame):
         raise RegressError(f"{side} kernels: expected a DataFrame, got {type(frame).__name__}")
     missing = [c for c in (*NEEDED_COLUMNS, *key) if c not in frame.columns]
@@ -101,6 +112,8 @@ def _collapse(frame: pd.DataFrame, key: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _fractions(delta: pd.Series, delta_step_ms: float) -> pd.Series:
+    import pandas as pd
+
     if not math.isfinite(delta_step_ms) or delta_step_ms == 0:
         return pd.Series(np.nan, index=delta.index)
     return delta / delta_step_ms
@@ -118,6 +131,7 @@ def explain_change(before: pd.DataFrame, after: pd.DataFrame, step_ms_before: fl
     `key` says which columns identify a kernel across the runs; ("name",) matches a kernel
     whatever launched it (say, an eager run against a CUDA-graph run)."""
     key = tuple(key)
+    before, after = _as_frame(before), _as_frame(after)
     for side, frame in (("before", before), ("after", after)):
         _check_table(frame, side, key)
     for side, value in (("step_ms_before", step_ms_before), ("step_ms_after", step_ms_after)):

@@ -36,12 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import pandas as pd
-
 from . import RegressError
 from .diagnose import (CAST_BYTES, KV_BYTES, RunFacts, _describe_kernel, _fmt_bytes, _fmt_count, _fmt_ms, _fmt_pct,
-                       _fmt_rate, _from_source, _per_layer_words, _sentence_start, _times_per_layer,
-                       shorten_kernel_name)
+                       _fmt_rate, _from_source, _per_layer_words, _sentence_start, _times_per_layer, by_size,
+                       column_sum, kernel_rows, shorten_kernel_name, size_key)
 
 DEFAULT_CATALOG = Path(__file__).with_name("patterns.toml")
 MAX_KERNEL_FINDINGS = 3  # findings one kernel pattern gives, the largest kernels first
@@ -245,24 +243,30 @@ def live_kv_bytes(workload: Mapping[str, Any] | None, batch_size: int | None = N
     return active * kv_dim * (KV_BYTES + CAST_BYTES) if active and kv_dim else None
 
 
-def _elsewhere(pattern: Pattern, row: pd.Series, rows: pd.DataFrame) -> str | None:
-    """"bfloat16 (6 other gemm kernels, 4.92 ms per step)": the other rows of the row's category
-    whose input dtypes match the pattern's elsewhere_input_dtypes; None when none does."""
+def _text(value: Any) -> str:
+    """A text cell as text: a missing one (None, NaN) as ""."""
+    return "" if value is None or isinstance(value, float) and math.isnan(value) else str(value)
+
+
+def _elsewhere(pattern: Pattern, index: int, rows: list[dict[str, Any]]) -> str | None:
+    """"bfloat16 (6 other gemm kernels, 4.92 ms per step)": the other rows of the category of row
+    `index` whose input dtypes match the pattern's elsewhere_input_dtypes; None when none does."""
     regex = pattern.regexes.get("elsewhere_input_dtypes")
     if regex is None:
         return None
-    same = rows[(rows["category"] == row["category"]) & (rows.index != row.name)]
-    dtypes = same["input_dtypes"].fillna("").astype(str)
-    hits = same[dtypes.map(lambda text: bool(text) and regex.search(text) is not None)]
-    if hits.empty:
+    category = rows[index]["category"]
+    hits = [r for i, r in enumerate(rows) if i != index and r["category"] == category
+            and (text := _text(r.get("input_dtypes"))) and regex.search(text) is not None]
+    if not hits:
         return None
-    names = " | ".join(sorted(set(hits["input_dtypes"])))
+    names = " | ".join(sorted({r["input_dtypes"] for r in hits}))
     n = len(hits)
-    return (f"{names} ({n} other {row['category']} kernel{'s' if n > 1 else ''}, "
-            f"{_fmt_ms(float(hits['ms_per_step'].sum()))} per step)")
+    return (f"{names} ({n} other {category} kernel{'s' if n > 1 else ''}, "
+            f"{_fmt_ms(column_sum(hits, 'ms_per_step'))} per step)")
 
 
-def _kernel_figures(row: pd.Series, facts: RunFacts, live: float | None, elsewhere: str | None) -> dict[str, Any]:
+def _kernel_figures(row: Mapping[str, Any], facts: RunFacts, live: float | None,
+                    elsewhere: str | None) -> dict[str, Any]:
     calls = float(row["calls_per_step"])
     times = _times_per_layer(calls, facts.layers)
     bytes_per_call = _number(row.get("bytes_per_call"))
@@ -311,20 +315,18 @@ def _kernel_holds(pattern: Pattern, figures: Mapping[str, Any]) -> bool | set[st
     return unknown or True
 
 
-def _kernel_findings(pattern: Pattern, facts: RunFacts) -> tuple[list[dict], str | None]:
-    """One finding per kernel row that meets every condition. When none does but some meet every
-    condition the run can decide, the pattern is not evaluated, and the reason is returned."""
-    rows = facts.kernels
-    keep = pd.Series(True, index=rows.index)
-    for key, regex in pattern.regexes.items():
-        if key in _REGEX_FIELDS:
-            keep &= rows[key].fillna("").astype(str).map(lambda text: regex.search(text) is not None)
-    if "input_dtypes" not in rows.columns:  # rows of a run imported before dtypes were kept
-        rows = rows.assign(input_dtypes="")
+def _kernel_findings(pattern: Pattern, facts: RunFacts, rows: list[dict[str, Any]]) -> tuple[list[dict], str | None]:
+    """One finding per kernel row (`rows`: facts.kernels' rows, kernel_rows) that meets every
+    condition. When none does but some meet every condition the run can decide, the pattern is
+    not evaluated, and the reason is returned."""
+    keep = [i for i, row in enumerate(rows)
+            if all(regex.search(_text(row.get(key))) is not None
+                   for key, regex in pattern.regexes.items() if key in _REGEX_FIELDS)]
     live = live_kv_bytes(facts.workload, facts.batch_size)
     matched, undecided = [], []
-    for _, row in rows[keep].sort_values("ms_per_step", ascending=False, kind="stable").iterrows():
-        figures = _kernel_figures(row, facts, live, _elsewhere(pattern, row, rows))
+    for i in sorted(keep, key=lambda i: size_key(rows[i])):
+        row = rows[i]
+        figures = _kernel_figures(row, facts, live, _elsewhere(pattern, i, rows))
         holds = _kernel_holds(pattern, figures)
         if holds is True:
             matched.append(_finding(pattern, figures, figures["ms_per_step"], [str(row["name"])]))
@@ -367,14 +369,14 @@ def _host_sync_findings(pattern: Pattern, t: Mapping[str, Any]) -> list[dict]:
                                                                               "idle_ms_per_step")} for s in syncs])]
 
 
-def _communication_findings(pattern: Pattern, facts: RunFacts, t: Mapping[str, Any],
+def _communication_findings(pattern: Pattern, rows: list[dict[str, Any]], t: Mapping[str, Any],
                             waiting: tuple[int, float, int] | None) -> list[dict]:
     profiled, exposed = _number(t.get("wall_ms_median")), _number(t.get("comm_exposed_ms_median"))
-    comm = facts.kernels[facts.kernels["category"] == "communication"].sort_values("ms_per_step", ascending=False)
-    if not profiled or exposed is None or comm.empty:
+    comm = by_size([row for row in rows if row["category"] == "communication"])
+    if not profiled or exposed is None or not comm:
         return []
     streams = t.get("streams") or 1
-    names = [str(n) for n in comm["name"]]
+    names = [str(row["name"]) for row in comm]
     said = ", ".join(f"`{shorten_kernel_name(n)}`" for n in names[:3]) + (f" and {len(names) - 3} more"
                                                                            if len(names) > 3 else "")
     figures = {"kernels": said, "comm_ms": _number(t.get("comm_ms_median")), "exposed_ms": exposed,
@@ -400,9 +402,10 @@ def find_patterns(catalog: list[Pattern], facts: RunFacts, timeline: Mapping[str
     numbers}."""
     findings: list[dict] = []
     not_evaluated: list[dict] = []
+    rows = kernel_rows(facts.kernels)
     for pattern in catalog:
         if pattern.subject == "kernel":
-            found, why = _kernel_findings(pattern, facts)
+            found, why = _kernel_findings(pattern, facts, rows)
         elif timeline is None:
             found, why = [], "a CPU-only trace has no GPU timeline"
         elif pattern.subject == "step":
@@ -410,7 +413,7 @@ def find_patterns(catalog: list[Pattern], facts: RunFacts, timeline: Mapping[str
         elif pattern.subject == "host_sync":
             found, why = _host_sync_findings(pattern, timeline), None
         else:
-            found, why = _communication_findings(pattern, facts, timeline, waiting), None
+            found, why = _communication_findings(pattern, rows, timeline, waiting), None
         findings += found
         if why:
             not_evaluated.append({"pattern": pattern.id, "why": why})

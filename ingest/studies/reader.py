@@ -47,6 +47,7 @@ record = prepare_import({trace!r}, rules, ImportOptions())
 with open_db({db!r}) as store:
     run_id, _ = store.insert_run(record)
 k = record.kernel_stats
+k = k.to_pandas() if hasattr(k, "to_dicts") else k  # a tree before issue 14: a DataFrame
 report(t0, kernels=int(k["calls"].sum()), steps=record.steps, top=k.iloc[0]["name"][:60],
        top_calls=int(k.iloc[0]["calls"]))
 """

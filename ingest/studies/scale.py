@@ -276,6 +276,8 @@ def run_command(argv: list[str], poll_memory: bool = False, cwd: Path = ROOT, en
 def _kernel_deviation(stats, expected: dict, where: str) -> float:
     """Each kernel's calls and total time (summed by name) against `expected` {name: (calls,
     total_us)}: raises on other names or calls; the largest relative deviation of a total."""
+    if hasattr(stats, "to_dicts"):  # an import's columnar table (ingest/traces/table.py)
+        stats = stats.to_pandas()
     got = stats.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"))
     if set(got.index) != set(expected):
         raise AssertionError(f"{where}: kernel names differ from the expected ones")
@@ -346,7 +348,7 @@ def check_rank_figures(directory: Path, expected: dict) -> dict:
         if a.rank != b.rank or a.notes != b.notes or a.steps != b.steps:
             raise AssertionError(f"rank {a.rank}: read at once and in turn differ")
         for table in ("kernel_stats", "step_table", "step_categories"):
-            pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
+            pd.testing.assert_frame_equal(getattr(a, table).to_pandas(), getattr(b, table).to_pandas())
         for arr in ("comm_start_us", "comm_end_us", "comm_step"):
             if not np.array_equal(getattr(a, arr), getattr(b, arr)):
                 raise AssertionError(f"rank {a.rank}: {arr} differs")

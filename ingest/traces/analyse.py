@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from ..errors import TraceError
 from .categories import COPY_CATEGORIES, Rule, categorise, rules_time_limit
@@ -30,6 +29,7 @@ from .graph_attribution import (METHOD_MAPPING, MIN_STEP_MATCH, KernelSequence, 
 from .nesting import Nesting
 from .roofline import resolve_units, spread_op_costs, summarise_roofline
 from .shapes import summarise_shape
+from .table import Groups, Table, number_groups
 from .timeline import HOST_SYNC, measure_timeline
 from .trace_read import KINDS, RawTrace
 
@@ -88,9 +88,9 @@ class RankFigures:
     copy_share: float | None
     step_ms_median: float | None
     gpu_busy_share: float | None
-    kernel_stats: pd.DataFrame
-    step_table: pd.DataFrame
-    step_categories: pd.DataFrame
+    kernel_stats: Table  # one row per kernel (name, category, launcher, source, graph op and line) and its figures
+    step_table: Table  # step, wall_us, gpu_busy_us, kernel_us
+    step_categories: Table  # step, category, dur_us
     between_steps_us: float = 0.0  # kernels launched outside every step
     between_steps_kernels: int = 0
     notes: list = field(default_factory=list)  # what a reader of the figures must know
@@ -595,7 +595,7 @@ def _step_spread_ms(group: np.ndarray, kernel_step: np.ndarray, dur: np.ndarray,
     return np.sqrt(squares / (n_steps - 1)) / 1e3
 
 
-def _measure_timeline(trace: RawTrace, kernels: Kernels, steps: Steps, step_table: pd.DataFrame,
+def _measure_timeline(trace: RawTrace, kernels: Kernels, steps: Steps, step_table: Table,
                       is_comm: np.ndarray) -> dict:
     """timeline.measure_timeline's figures, with the host syncs and decode spans read from the trace."""
     calls = np.flatnonzero(np.isin(trace.kind, [K["cuda_runtime"], K["cuda_driver"]]))
@@ -604,7 +604,7 @@ def _measure_timeline(trace: RawTrace, kernels: Kernels, steps: Steps, step_tabl
     spans = _spans(trace, _DECODE_SPAN, ("user_annotation",)) if steps.method == "span" else np.empty(0, np.int64)
     return measure_timeline(
         kernels.ts_us, kernels.dur_us, trace.thread_id[kernels.event], kernels.query_ts_us, steps.kernel_step,
-        step_table["wall_us"].to_numpy(), step_table["gpu_busy_us"].to_numpy(), step_table["kernel_us"].to_numpy(),
+        step_table["wall_us"], step_table["gpu_busy_us"], step_table["kernel_us"],
         is_comm, trace.ts_us[calls], trace.dur_us[calls], names[trace.name_id[calls]],
         sorted(set(names[trace.name_id[spans]].tolist())))
 
@@ -624,7 +624,7 @@ def _group_layers(group: np.ndarray, layer: np.ndarray, n_groups: int) -> np.nda
 
 
 def _roofline_columns(trace: RawTrace, kernels: Kernels, group: np.ndarray, n_groups: int, device,
-                      sites: GraphSites | None = None) -> pd.DataFrame:
+                      sites: GraphSites | None = None) -> Table:
     """roofline.COLUMNS of each kernel row: its launching ops' modelled costs (costs.py) spread over
     their kernels by time, against the device's datasheet peaks; a kernel replayed from a CUDA
     graph (no launching op) takes its mapping twin's cost from `sites`. All null for a CPU-only
@@ -647,6 +647,18 @@ def _roofline_columns(trace: RawTrace, kernels: Kernels, group: np.ndarray, n_gr
                               device.datasheet if device else None)
 
 
+def _step_categories(step: np.ndarray, cat_code: np.ndarray, dur: np.ndarray, categories: np.ndarray) -> Table:
+    """Per step and category (kernels inside steps), their time: rows by step, then category name."""
+    key = step.astype(np.int64) * len(categories) + cat_code
+    cells, where = np.unique(key, return_inverse=True)
+    step_of, cat_of = np.divmod(cells, max(len(categories), 1))
+    names = categories[cat_of]
+    _, name_rank = np.unique(names, return_inverse=True)
+    order = np.lexsort((name_rank.reshape(-1), step_of))
+    return Table({"step": step_of[order], "category": names[order],
+                  "dur_us": np.bincount(where.reshape(-1), weights=dur, minlength=len(cells))[order]})
+
+
 def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule],
               sites: GraphSites | None = None) -> RankFigures:
     """The run's figures. With `sites` (attribute_graph_kernels), kernel rows are also told apart
@@ -666,48 +678,47 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     in_step = steps.kernel_step >= 0
     total_us = float(dur.sum())
     # group on integer codes; the strings are put back on the few groups afterwards
-    frame = pd.DataFrame({"name": name_id, "category": cat_code, "launcher": launcher_code,
-                          "source": source_code, "graph_op": graph_op_code, "graph_source": graph_source_code,
-                          "dur_us": dur, "bytes": kernels.bytes_per_call,
-                          "in_step": in_step, "step_us": np.where(in_step, dur, 0.0)})
-    g = frame.groupby(["name", "category", "launcher", "source", "graph_op", "graph_source"], sort=False)
-    stats = g["dur_us"].agg(calls="count", total_us="sum", mean_us="mean", median_us="median",
-                            min_us="min", max_us="max")
-    stats["p90_us"] = g["dur_us"].quantile(0.9)
-    known = g["bytes"].agg(bytes_known="count", bytes_per_call="median")
-    stats = stats.join(known).join(g["in_step"].sum().rename("calls_in_steps")).join(g["step_us"].sum())
-    group = g.ngroup().to_numpy()
-    stats["ms_per_step_sd"] = _step_spread_ms(group, steps.kernel_step, dur, len(stats), n_steps)
-    stats["input_dtypes"] = _group_dtypes(group, kernels, len(stats))
-    device = find_device(find_device_name(trace)) if not kernels.from_cpu_ops else None
-    stats = stats.join(_roofline_columns(trace, kernels, group, len(stats), device, sites).set_index(stats.index))
-    stats["graph_layers"] = _group_layers(group, sites.layer if sites is not None else np.full(len(group), -1),
-                                          len(stats))
-    stats = stats.reset_index()
-    names = np.asarray(trace.names, dtype=object)
-    stats["name"] = names[stats["name"].to_numpy()]
-    stats["category"] = categories[stats["category"].to_numpy()]
-    stats["launcher"] = launchers[stats["launcher"].to_numpy()]
-    stats["source"] = sources[stats["source"].to_numpy()]
-    stats["graph_op"] = graph_ops[stats["graph_op"].to_numpy()]
-    stats["graph_source"] = graph_sources[stats["graph_source"].to_numpy()]
+    codes = (name_id, cat_code, launcher_code, source_code, graph_op_code, graph_source_code)
+    group, n_groups = number_groups(*codes)
+    groups = Groups(group, n_groups)
+    first = np.unique(group, return_index=True)[1]  # each group's first row: its codes
+    calls = groups.counts
+    total = groups.sum(dur)
+    bytes_per_call = groups.median(kernels.bytes_per_call)
     # bytes only when every call of the group had them (else the figure would mislead)
-    stats.loc[stats["bytes_known"] < stats["calls"], "bytes_per_call"] = math.nan
+    bytes_per_call[groups.count_known(kernels.bytes_per_call) < calls] = math.nan
+    stats = {"name": np.asarray(trace.names, dtype=object)[name_id[first]], "category": categories[cat_code[first]],
+             "launcher": launchers[launcher_code[first]], "source": sources[source_code[first]],
+             "graph_op": graph_ops[graph_op_code[first]], "graph_source": graph_sources[graph_source_code[first]],
+             "calls": calls, "total_us": total, "mean_us": total / calls, "median_us": groups.median(dur),
+             "min_us": groups.min(dur), "max_us": groups.max(dur), "p90_us": groups.quantile(dur, 0.9),
+             "bytes_per_call": bytes_per_call,
+             "ms_per_step_sd": _step_spread_ms(group, steps.kernel_step, dur, n_groups, n_steps),
+             "input_dtypes": _group_dtypes(group, kernels, n_groups)}
+    device = find_device(find_device_name(trace)) if not kernels.from_cpu_ops else None
+    roofline = _roofline_columns(trace, kernels, group, n_groups, device, sites)
+    stats.update({column: roofline[column] for column in roofline.columns})
+    stats["graph_layers"] = _group_layers(group, sites.layer if sites is not None else np.full(len(group), -1),
+                                          n_groups)
     # calls and time count every kernel (as key_averages does); the per-step figures only the
     # kernels inside steps (those between steps are reported apart)
-    stats["calls_per_step"] = stats["calls_in_steps"] / n_steps
-    stats["ms_per_step"] = stats["step_us"] / n_steps / 1e3
-    stats = stats.drop(columns=["bytes_known", "calls_in_steps", "step_us"])
-    stats["share"] = stats["total_us"] / total_us if total_us > 0 else math.nan
-    stats["gbps"] = stats["bytes_per_call"] / stats["mean_us"] / 1e3
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stats["calls_per_step"] = groups.sum(in_step) / n_steps
+        stats["ms_per_step"] = groups.sum(np.where(in_step, dur, 0.0)) / n_steps / 1e3
+        stats["share"] = total / total_us if total_us > 0 else np.full(n_groups, math.nan)
+        stats["gbps"] = bytes_per_call / stats["mean_us"] / 1e3
     peak = device.datasheet.get("hbm_gbps") if device else None
     if peak:
         # an estimate above the device's peak cannot be the real traffic (the op did not read
         # all of its inputs): say "unknown" rather than print an impossible bandwidth
         impossible = stats["gbps"] > 1.05 * peak
-        stats.loc[impossible, ["bytes_per_call", "gbps"]] = math.nan
-    stats["peak_fraction"] = stats["gbps"] / peak if peak else math.nan
-    stats = stats.sort_values(["total_us", "name"], ascending=[False, True], kind="stable").reset_index(drop=True)
+        stats["bytes_per_call"][impossible] = math.nan
+        stats["gbps"][impossible] = math.nan
+    stats["peak_fraction"] = stats["gbps"] / peak if peak else np.full(n_groups, math.nan)
+    # largest time first, then by name; groups of equal time and name in the order they appeared
+    _, name_rank = np.unique(stats["name"], return_inverse=True)
+    order = np.lexsort((name_rank.reshape(-1), -stats["total_us"]))
+    stats = Table(stats)[order]
 
     busy = np.zeros(n_steps)
     kern_us = np.bincount(steps.kernel_step[in_step], weights=dur[in_step], minlength=n_steps)
@@ -716,13 +727,9 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     for s in range(n_steps):
         sel = order[bounds[s]:bounds[s + 1]]
         busy[s] = math.nan if kernels.from_cpu_ops else _busy_us(kernels.ts_us[sel], kernels.ts_us[sel] + dur[sel])
-    step_table = pd.DataFrame({"step": np.arange(n_steps), "wall_us": steps.wall_us,
-                               "gpu_busy_us": busy, "kernel_us": kern_us})
-    step_cats = (pd.DataFrame({"step": steps.kernel_step[in_step], "category": cat_code[in_step],
-                               "dur_us": dur[in_step]})
-                 .groupby(["step", "category"], as_index=False)["dur_us"].sum())
-    step_cats["category"] = categories[step_cats["category"].to_numpy()]
-    step_cats = step_cats.sort_values(["step", "category"], kind="stable").reset_index(drop=True)
+    step_table = Table({"step": np.arange(n_steps), "wall_us": steps.wall_us, "gpu_busy_us": busy,
+                        "kernel_us": kern_us})
+    step_cats = _step_categories(steps.kernel_step[in_step], cat_code[in_step], dur[in_step], categories)
 
     copy_us = float(dur[np.isin(category, COPY_CATEGORIES)].sum())
     wall_total = float(steps.wall_us.sum())

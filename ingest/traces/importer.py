@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -15,7 +16,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from db.store import RunRecord
 from kernels.bundle import LABEL_RULE, Manifest, is_bundle, is_label, read_bundle
@@ -29,6 +29,7 @@ from .categories import Rule
 from .progress import ReadMeter
 from .rank_pool import json_sizes, map_in_processes, rank_workers
 from .ranks import find_waits
+from .table import Table
 from .trace_read import DEFAULT_LIMITS, ReadLimits, metered, read_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -149,38 +150,55 @@ def _median_per_step(values: np.ndarray, step: np.ndarray, steps: int) -> float 
     return float(np.median(np.bincount(step[inside], weights=values[inside], minlength=steps)[:steps]))
 
 
-def build_rank_stats(figures: list[RankFigures]) -> tuple[pd.DataFrame, list[str]]:
+def _median_of_known(values: np.ndarray) -> float:
+    """The median of the values that are not NaN (NaN when none is), as pandas' median skips NaN."""
+    known = values[~np.isnan(values)]
+    return float(np.median(known)) if len(known) else math.nan
+
+
+def build_rank_stats(figures: list[RankFigures]) -> tuple[Table, list[str]]:
     """One row per rank: its median step time, and the medians over steps of its busy time,
     communication time and wait for the last rank in collectives; with the notes that go with
     them. Medians, because the first profiled step of a multi-rank run often holds one long
     wait for a rank whose profiler started later."""
-    rows = []
+    busy, comm = [], []
     for f in figures:
-        comm = f.step_categories[f.step_categories["category"] == "communication"]
-        per_step = comm.groupby("step")["dur_us"].sum().reindex(range(f.steps), fill_value=0.0)
-        rows.append({"rank": f.rank, "device_name": f.device_name, "steps": f.steps,
-                     "step_ms_median": f.step_ms_median,
-                     "busy_ms_median": float(f.step_table["gpu_busy_us"].median()) / 1e3 if f.steps else None,
-                     "comm_ms_median": float(per_step.median()) / 1e3 if f.steps else 0.0,
-                     "between_steps_ms": f.between_steps_us / 1e3, "wait_ms_median": None,
-                     "last_arrivals": None, "collectives": len(f.comm_start_us)})
-    stats = pd.DataFrame(rows)
-    notes = []
+        cats = f.step_categories
+        mine = cats["category"] == "communication"
+        per_step = np.bincount(cats["step"][mine], weights=cats["dur_us"][mine], minlength=f.steps)[:f.steps]
+        busy.append(_median_of_known(f.step_table["gpu_busy_us"]) / 1e3 if f.steps else None)
+        comm.append(float(np.median(per_step)) / 1e3 if f.steps else 0.0)
+    columns = {"rank": np.array([f.rank for f in figures], np.int64),
+               "device_name": np.array([f.device_name for f in figures], dtype=object),
+               "steps": np.array([f.steps for f in figures], np.int64),
+               "step_ms_median": _floats([f.step_ms_median for f in figures]),
+               "busy_ms_median": _floats(busy), "comm_ms_median": _floats(comm),
+               "between_steps_ms": _floats([f.between_steps_us / 1e3 for f in figures]),
+               "wait_ms_median": np.full(len(figures), math.nan),
+               "last_arrivals": np.full(len(figures), math.nan),  # NaN (stored as NULL) until computed
+               "collectives": np.array([len(f.comm_start_us) for f in figures], np.int64)}
+    notes: list[str] = []
     if len(figures) < 2 or not any(len(f.comm_start_us) for f in figures):
-        return stats, notes
+        return Table(columns), notes
     waits = find_waits([f.comm_start_us for f in figures], [f.comm_end_us for f in figures])
     if waits is None:
         notes.append("ranks ran different numbers of communication kernels "
                      f"({', '.join(str(len(f.comm_start_us)) for f in figures)}): waits between ranks not computed")
-        return stats, notes
-    stats["wait_ms_median"] = [(_median_per_step(waits.wait_us[i], f.comm_step, f.steps) or 0.0) / 1e3
-                               for i, f in enumerate(figures)]
-    stats["last_arrivals"] = waits.last_arrivals
+        return Table(columns), notes
+    wait = _floats([(_median_per_step(waits.wait_us[i], f.comm_step, f.steps) or 0.0) / 1e3
+                    for i, f in enumerate(figures)])
+    columns["wait_ms_median"] = wait
+    columns["last_arrivals"] = np.array(waits.last_arrivals, np.int64)
     slowest = int(np.argmax(waits.last_arrivals))
-    others = stats["wait_ms_median"].drop(index=slowest)
+    others = np.delete(wait, slowest)
     notes.append(f"rank {figures[slowest].rank} reached {waits.last_arrivals[slowest]} of {waits.collectives} "
                  f"collectives last: the other ranks wait for it ({others.mean():.3f} ms per step, median)")
-    return stats, notes
+    return Table(columns), notes
+
+
+def _floats(values: list) -> np.ndarray:
+    """Numbers as a float array, None as NaN."""
+    return np.array([math.nan if v is None else v for v in values], float)
 
 
 def build_record(path: Path, files: list[Path], figures: list[RankFigures], manifest: Manifest | None,
@@ -205,9 +223,9 @@ def build_record(path: Path, files: list[Path], figures: list[RankFigures], mani
         kernel_us_total=lead.kernel_us_total, kernels_from_cpu_ops=lead.kernels_from_cpu_ops,
         source_path=str(path.resolve()),
         manifest=_manifest_dict(m),
-        step_table=pd.concat([f.step_table.assign(rank=f.rank) for f in figures], ignore_index=True),
-        step_categories=pd.concat([f.step_categories.assign(rank=f.rank) for f in figures], ignore_index=True),
-        kernel_stats=pd.concat([f.kernel_stats.assign(rank=f.rank) for f in figures], ignore_index=True),
+        step_table=Table.concat([f.step_table.with_columns(rank=f.rank) for f in figures]),
+        step_categories=Table.concat([f.step_categories.with_columns(rank=f.rank) for f in figures]),
+        kernel_stats=Table.concat([f.kernel_stats.with_columns(rank=f.rank) for f in figures]),
         workload_key=find_workload_key(m.workload if m else None),
         batch_size=(m.workload.get("batch_size") if m else None),
         timing_ms_median=m.timing.median_ms if m and m.timing else None,
@@ -300,13 +318,17 @@ def check_record(record: RunRecord, timeline: dict | None, catalog: tuple[Patter
 
 def _waiting(record: RunRecord) -> tuple[int, float, int] | None:
     """(the first rank, its median wait per step in collectives in ms, the rank that reaches them
-    last) for a multi-rank run whose waits were computed; else None."""
+    last) for a multi-rank run whose waits were computed; else None. (Its rank_stats: a Table, or a
+    DataFrame in a record made elsewhere.)"""
     stats = record.rank_stats
-    if stats is None or len(stats) < 2 or stats["wait_ms_median"].isna().any() or stats["last_arrivals"].isna().any():
+    if stats is None or len(stats) < 2:
         return None
-    lead = stats.iloc[0]
-    last = stats.loc[stats["last_arrivals"].astype(float).idxmax()]
-    return int(lead["rank"]), float(lead["wait_ms_median"]), int(last["rank"])
+    wait = np.asarray(stats["wait_ms_median"], dtype=float)
+    last = [None if v is None or v != v else v for v in np.asarray(stats["last_arrivals"]).tolist()]
+    if np.isnan(wait).any() or None in last:
+        return None
+    ranks = np.asarray(stats["rank"])
+    return int(ranks[0]), float(wait[0]), int(ranks[int(np.argmax(np.array(last, float)))])
 
 
 def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,

@@ -32,7 +32,8 @@ import math
 import re
 
 import numpy as np
-import pandas as pd
+
+from .table import Groups, Table
 
 LATENCY_FRACTION = 0.10  # under a tenth of both roofs: bound by latency, not throughput
 UNIT_PEAKS = {"bf16": "bf16_tflops", "fp8": "fp8_tflops", "fp32": "fp32_tflops", "tf32": "tf32_tflops",
@@ -81,39 +82,40 @@ def _peak_per_kernel(units: np.ndarray, peaks: dict) -> np.ndarray:
 
 def summarise_roofline(group: np.ndarray, n_groups: int, dur_us: np.ndarray, flops: np.ndarray,
                        nbytes: np.ndarray, units: np.ndarray, kinds: np.ndarray,
-                       peaks: dict | None) -> pd.DataFrame:
+                       peaks: dict | None) -> Table:
     """One row per group (kernel row) with COLUMNS; `peaks` the device's datasheet figures
     (devices.toml's keys), None when the device is unknown (fractions and bound then null)."""
-    frame = pd.DataFrame({"group": group, "dur": dur_us, "flops": flops, "bytes": nbytes,
-                          "comm": kinds == "communication"})
+    groups = Groups(group, n_groups)
     peaks = peaks or {}
     peak_tflops = _peak_per_kernel(units, peaks)
     # the time the FLOPs would take at their unit's peak (FLOP-free kernels: none, whatever their unit)
-    frame["at_peak_us"] = np.where(flops == 0, 0.0, flops / (peak_tflops * 1e6))
-    g = frame.groupby("group", sort=True)
-    calls = g.size()
-    sums = g[["dur", "flops", "bytes", "at_peak_us"]].sum(min_count=1)
-    known = g[["flops", "bytes", "at_peak_us"]].count()
-    out = pd.DataFrame(index=pd.RangeIndex(n_groups))
-    for col, field in (("flops_per_call", "flops"), ("model_bytes_per_call", "bytes")):
-        med = g[field].median()
-        out[col] = med.where(known[field] == calls)
-    flops_sum = sums["flops"].where(known["flops"] == calls)
-    bytes_sum = sums["bytes"].where(known["bytes"] == calls)
-    time = sums["dur"].where(sums["dur"] > 0)
-    out["intensity"] = (flops_sum / bytes_sum.where(bytes_sum > 0)).reindex(out.index)
-    out["tflops"] = (flops_sum / time / 1e6).reindex(out.index)
-    out["tbps"] = (bytes_sum / time / 1e6).reindex(out.index)
-    comm = g["comm"].any().reindex(out.index, fill_value=False)
-    at_peak = sums["at_peak_us"].where(known["at_peak_us"] == calls)
-    out["compute_fraction"] = (at_peak / time).reindex(out.index).where(~comm)
-    hbm_tbps = peaks.get("hbm_gbps", math.nan) / 1e3
-    out["bandwidth_fraction"] = (out["tbps"] / hbm_tbps).where(~comm)
-    cf, bf = out["compute_fraction"].to_numpy(float), out["bandwidth_fraction"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at_peak_us = np.where(flops == 0, 0.0, flops / (peak_tflops * 1e6))
+    calls = groups.counts
+    present = calls > 0
+
+    def when_all_known(values: np.ndarray, figure: np.ndarray) -> np.ndarray:
+        """The group's figure where every call has the value, else NaN."""
+        return np.where(present & (groups.count_known(values) == calls), figure, math.nan)
+
+    flops_sum, bytes_sum = when_all_known(flops, groups.sum(flops)), when_all_known(nbytes, groups.sum(nbytes))
+    dur_sum = np.where(present, groups.sum(dur_us), math.nan)
+    time = np.where(dur_sum > 0, dur_sum, math.nan)
+    comm = groups.any(kinds == "communication")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {"flops_per_call": when_all_known(flops, groups.median(flops)),
+               "model_bytes_per_call": when_all_known(nbytes, groups.median(nbytes)),
+               "intensity": flops_sum / np.where(bytes_sum > 0, bytes_sum, math.nan),
+               "tflops": flops_sum / time / 1e6, "tbps": bytes_sum / time / 1e6}
+        at_peak = when_all_known(at_peak_us, groups.sum(at_peak_us))
+        out["compute_fraction"] = np.where(comm, math.nan, at_peak / time)
+        hbm_tbps = peaks.get("hbm_gbps", math.nan) / 1e3
+        out["bandwidth_fraction"] = np.where(comm, math.nan, out["tbps"] / hbm_tbps)
+    cf, bf = out["compute_fraction"], out["bandwidth_fraction"]
     top = np.fmax(cf, bf)
     bound = np.where(cf > bf, "compute", "memory").astype(object)
     bound[top < LATENCY_FRACTION] = "latency"
     bound[np.isnan(cf) | np.isnan(bf)] = None
-    bound[comm.to_numpy() & out["tbps"].notna().to_numpy()] = "communication"
+    bound[comm & ~np.isnan(out["tbps"])] = "communication"
     out["bound"] = bound
-    return out.reset_index(drop=True)
+    return Table(out)
