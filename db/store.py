@@ -185,12 +185,20 @@ def open_db(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, wait_
         hold.release()
         raise
     store = Store(cursor, path, hold, key, read_only)
-    if not read_only:
-        try:
+    try:
+        if not read_only:
             store.migrate()
-        except BaseException:
+        elif store.list_pending_migrations():
+            # a file a previous stepwatch wrote, read before anything opened it for writing (an
+            # upgrade, then `ingest report` or the dashboard first): its schema is brought up to
+            # date once by a writer, then it is read, instead of every query naming a column it lacks
             store.close()
-            raise
+            upgrade = open_db(path, read_only=False, wait_s=max(0.0, deadline - time.monotonic()))
+            upgrade.close()
+            return open_db(path, read_only=True, wait_s=max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        store.close()
+        raise
     return store
 
 
@@ -259,6 +267,18 @@ class Store:
                 raise
             applied.append(version)
         return applied
+
+    def list_pending_migrations(self) -> list[int]:
+        """The migrations this database lacks. Raises StoreError for a DuckDB file that is not a
+        stepwatch database (no schema_migrations table): reading it would only fail query by query,
+        and its schema is not ours to change by reading it."""
+        known = self.con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
+                                 " AND schema_name = 'main' AND table_name = 'schema_migrations'").fetchone()[0]
+        if not known:
+            raise StoreError(f"{self.path}: not a stepwatch database (a DuckDB file without stepwatch's "
+                             "schema_migrations table)")
+        done = {v for (v,) in self.con.execute("SELECT version FROM schema_migrations").fetchall()}
+        return [version for version, _, _ in _migration_files() if version not in done]
 
     def list_schema_versions(self) -> list[int]:
         return [v for (v,) in self.con.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()]

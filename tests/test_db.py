@@ -5,6 +5,7 @@ import duckdb
 import pandas as pd
 import pytest
 
+from db.common import StoreError
 from db.store import RunRecord, _migration_files, open_db
 
 
@@ -33,6 +34,44 @@ def test_migrations_apply_once_and_are_recorded(tmp_path):
         assert store.list_schema_versions() == [v for v, _, _ in _migration_files()]
     with open_db(path) as store:
         assert store.migrate() == []  # nothing left to apply on the second open
+
+
+def _database_of_version(path, last: int) -> None:
+    """A file as a stepwatch of schema version `last` left it: migrations up to `last`, with a run."""
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+                " applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)")
+    for version, name, sql in _migration_files():
+        if version <= last:
+            con.execute(sql.read_text())
+            con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
+    con.execute("INSERT INTO runs (run_id, content_hash, ranks, steps, step_method, kernel_us_total,"
+                " kernels_from_cpu_ops, source_path) VALUES (1, 'h', 1, 2, 'given', 10.0, false, '/x')")
+    con.close()
+
+
+def test_a_database_of_an_older_stepwatch_read_first_is_brought_up_to_date(tmp_path):
+    """An upgrade, then `ingest report` or the dashboard (read-only) before any writer: the file is
+    migrated once, then read; before, every read naming a newer column failed (Binder Error)."""
+    path = tmp_path / "old.duckdb"
+    _database_of_version(path, 10)  # before the roofline (011) and graph attribution (012) columns
+    with open_db(path, read_only=True) as store:
+        assert store.list_schema_versions() == [v for v, _, _ in _migration_files()]
+        assert store.list_pending_migrations() == []
+        run = store.get_run(1)
+        assert (run["run_id"], run["steps"], run["roofline"], run["graph_attribution"]) == (1, 2, None, None)
+
+
+def test_reading_a_duckdb_file_that_is_not_stepwatch_s_says_so_and_leaves_it_alone(tmp_path):
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE t (a INTEGER)")
+    con.close()
+    with pytest.raises(StoreError, match=r"other\.duckdb: not a stepwatch database"):
+        open_db(path, read_only=True)
+    con = duckdb.connect(str(path), read_only=True)
+    assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()] == ["t"]
+    con.close()
 
 
 def test_run_round_trip_and_dedup(tmp_path):
