@@ -38,8 +38,8 @@ def as_percent(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") * 100 for c in present}) if present else frame
 
 
-def _share(label: str) -> st.column_config.Column:
-    return st.column_config.NumberColumn(label, format="%.1f %%")
+def _share(label: str, help: str | None = None) -> st.column_config.Column:
+    return st.column_config.NumberColumn(label, format="%.1f %%", help=help)
 
 
 def run_columns() -> dict:
@@ -128,9 +128,8 @@ def kernel_diff_columns() -> dict:
         "a_tbps": st.column_config.NumberColumn("A TB/s", format="%.3f"),
         "b_tbps": st.column_config.NumberColumn("B TB/s", format="%.3f"),
         "a_roof_fraction": _share("A % of roof"),
-        "b_roof_fraction": st.column_config.NumberColumn(
-            "B % of roof", format="%.1f %%", help="the larger of the kernel's compute and bandwidth fractions of the "
-                                                  "datasheet peaks: how close it runs to the roof that binds it"),
+        "b_roof_fraction": _share("B % of roof", help="the larger of the kernel's compute and bandwidth fractions "
+                                                     "of the datasheet peaks: how close it runs to the roof that binds it"),
     }
 
 

@@ -224,6 +224,11 @@ def prepare_out_dir(out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
 
 
+def check_graph_mapping(graph_mapping: bool, cuda_graph: bool) -> None:
+    if graph_mapping and not cuda_graph:
+        raise BenchError("--graph-mapping: needs --cuda-graph (the mapping trace is the graph-off twin of a graph run)")
+
+
 def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, warmup: int = 5,
               steps: int = 3, with_stack: bool = True, commit: str | None = None,
               repo: str = "stepwatch", progress=None, variant: str | None = None,
@@ -232,8 +237,7 @@ def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, wa
     The bundle's variant is the KV strategy unless `variant` names another. With
     `graph_mapping` (a CUDA-graph workload only) the same model then runs `steps` steps eagerly
     under the profiler, written as the bundle's mapping trace."""
-    if graph_mapping and not workload.cuda_graph:
-        raise BenchError("--graph-mapping: needs --cuda-graph (the mapping trace is the graph-off twin of a graph run)")
+    check_graph_mapping(graph_mapping, workload.cuda_graph)
     out = Path(out)
     prepare_out_dir(out)
     state = workload.state
@@ -301,9 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                          layers=args.layers, pool_tokens=args.pool_tokens, seed=args.seed)
         if args.cuda_graph and device.type != "cuda":
             raise BenchError("--cuda-graph: needs --device cuda")
-        if args.graph_mapping and not args.cuda_graph:
-            raise BenchError("--graph-mapping: needs --cuda-graph (the mapping trace is the graph-off twin of a "
-                             "graph run)")
+        check_graph_mapping(args.graph_mapping, args.cuda_graph)  # before the model is built
         out = Path(args.out)
         prepare_out_dir(out)
     except (BenchError, ValueError) as e:

@@ -64,6 +64,7 @@ class Kernels:
     input_dtypes: np.ndarray | None = None  # object: the launching op's tensor input dtypes ("bfloat16"), "" unknown
     query_thread: np.ndarray | None = None  # thread of the launch (or of the kernel when unlinked)
     op_event: np.ndarray | None = None  # the launching op's event (-1 none: a graph replay, no launch, CPU-only)
+    from_graph: np.ndarray | None = None  # bool: replayed from a CUDA graph (launched by cudaGraphLaunch)
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,8 @@ def link_kernels(trace: RawTrace) -> Kernels:
         nbytes, mixed, dtypes = _shape_facts(trace, ev)
         source = _python_sources(trace, frames, trace.thread_id[ev], trace.ts_us[ev])
         return Kernels(ev, trace.ts_us[ev], self_us[order], trace.ts_us[ev], names[trace.name_id[ev]],
-                       source, nbytes, mixed, True, set_aside, dtypes, trace.thread_id[ev])
+                       source, nbytes, mixed, True, set_aside, dtypes, trace.thread_id[ev],
+                       from_graph=np.zeros(len(ev), bool))
 
     gpu = gpu[np.argsort(trace.ts_us[gpu], kind="stable")]
     launches = np.flatnonzero(((kind == K["cuda_runtime"]) | (kind == K["cuda_driver"])) & (trace.correlation >= 0))
@@ -312,7 +314,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
     query = np.where(linked, lts, trace.ts_us[gpu])
     return Kernels(gpu, trace.ts_us[gpu], trace.dur_us[gpu], query, launcher.astype(object), source,
                    nbytes, mixed, False, set_aside, dtypes, np.where(linked, lthread, trace.thread_id[gpu]),
-                   op_event=op_event)
+                   op_event=op_event, from_graph=from_graph)
 
 
 @dataclass(frozen=True)
@@ -358,7 +360,7 @@ def attribute_graph_kernels(trace: RawTrace, kernels: Kernels, steps: Steps,
     trace of the same workload (ingest/traces/graph_attribution.py). Raises TraceError naming the
     file when the run has no graph kernels, the mapping is not a graph-off GPU trace, or no step
     of the two aligns (not the same workload)."""
-    from_graph = np.array([bool(_GRAPH_LAUNCH.match(x)) for x in kernels.launcher], bool)
+    from_graph = kernels.from_graph
     if kernels.from_cpu_ops or not from_graph.any():
         raise TraceError(trace.path, "has no kernels replayed from a CUDA graph (cudaGraphLaunch): "
                                      "a mapping trace has nothing to attribute")
@@ -366,7 +368,7 @@ def attribute_graph_kernels(trace: RawTrace, kernels: Kernels, steps: Steps,
     if m_kernels.from_cpu_ops:
         raise TraceError(mapping.path, "has no GPU kernels: a mapping trace is a graph-off GPU trace of the "
                                        "same workload")
-    m_graph = sum(bool(_GRAPH_LAUNCH.match(x)) for x in m_kernels.launcher)
+    m_graph = int(m_kernels.from_graph.sum())
     if m_graph:
         raise TraceError(mapping.path, f"is not graph-off: {m_graph:,} of its {len(m_kernels.event):,} kernels "
                                        "were replayed from a CUDA graph; a mapping trace runs the same workload "
