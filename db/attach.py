@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import duckdb
+from .engine import duckdb
 
 _STATE = threading.Condition()
 _INSTANCE: list[duckdb.DuckDBPyConnection] = []

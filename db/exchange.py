@@ -49,9 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from .common import StoreError
+from .engine import duckdb
 from .series import series_columns_sql
 from .store import Store, _migration_files
 

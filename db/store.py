@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
-
 from .attach import AttachError, attach, detach
 from .common import DEFAULT_DB, StoreError
+from .engine import duckdb, load_arrow_scans
 from .lock import DbLock, LockTimeout
 from .series import STEP_MS, series_columns_sql
 
@@ -110,6 +109,7 @@ def run_tables(rec: RunRecord) -> RunTables:
     if any(_is_frame(t) for t in (rec.kernel_stats, rec.step_table, rec.step_categories, rec.rank_stats)):
         import pyarrow as pa  # only for a record of DataFrames
 
+        load_arrow_scans()
         tables = {name: pa.table(_arrow_columns(columns)) for name, columns in tables.items()}
     return tables
 

@@ -1,12 +1,17 @@
 """The DuckDB store: migrations applied and recorded once, runs written whole or not at all,
 a content hash imported twice gives one run."""
 
-import duckdb
+import json
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 
 from db.common import StoreError
+from db.engine import duckdb  # DuckDB's engine module, as db/ uses it (not the package)
 from db.store import RunRecord, _migration_files, open_db
+from tests.helpers import ROOT
 
 
 def _record(content_hash="abc", kernels=None):
@@ -86,6 +91,27 @@ def test_run_round_trip_and_dedup(tmp_path):
         assert k.loc[0, "calls_per_step"] == 78.0 and pd.isna(k.loc[0, "bytes_per_call"])
         assert store.count_rows() == {"runs": 1, "steps": 1, "step_categories": 1, "kernel_stats": 1,
                                       "repos": 1, "commits": 1, "rank_stats": 0}  # a record without rank figures
+
+
+def test_a_record_of_dataframes_is_written_by_a_process_that_never_loaded_the_duckdb_package(tmp_path):
+    """db/ loads DuckDB's engine module alone (db/engine.py). A record made of DataFrames is
+    written through Arrow tables, which DuckDB 2.x scans only once the `duckdb` package is
+    loaded ("Python Arrow objects cannot be scanned" before): the store loads it for that write.
+    In a fresh process, as a test or an older caller would write such a record."""
+    code = ("import json, sys\n"
+            "from tests.test_db import _record\n"
+            "from db.store import open_db\n"
+            "before = 'duckdb' in sys.modules\n"
+            "with open_db(sys.argv[1]) as store:\n"
+            "    run_id, created = store.insert_run(_record())\n"
+            "    rows = store.count_rows()\n"
+            "print(json.dumps({'before': before, 'after': 'duckdb' in sys.modules, 'created': created, 'rows': rows}))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.duckdb")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(proc.stdout)
+    assert (done["before"], done["after"], done["created"]) == (False, True, True)
+    assert done["rows"]["kernel_stats"] == done["rows"]["steps"] == done["rows"]["runs"] == 1
 
 
 def test_a_failing_write_leaves_nothing(tmp_path):
