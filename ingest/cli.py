@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from db.common import DEFAULT_DB
 
-from .limits import DEFAULT_LIMITS, MAX_ATTEMPTS
+from .limits import DEFAULT_LIMITS, MAX_ATTEMPTS, import_limits
 from .runs.names import DEVICES, ENGINES
 
 if TYPE_CHECKING:
@@ -198,6 +198,26 @@ def main(argv: list[str] | None = None, db_thread: DatabaseThread | None = None)
     the priority the process started with (ingest/__main__.py lowers the rest)."""
     args = build_parser().parse_args(argv)
     args.db_thread = db_thread
+    early = args.command == "import" and _read_early(args)
+    try:
+        return _run(args)
+    finally:
+        if early:
+            from .traces.trace_read import stop_early
+
+            stop_early()  # the helper, if the import failed before its read took it
+
+
+def _read_early(args) -> bool:
+    """An import of one large trace file starts its reader's helper process now, before the
+    import's own modules load (ingest/traces/trace_read.py `start_early`): on two cores it reads
+    the trace's first pieces meanwhile."""
+    from .traces.trace_read import start_early
+
+    return start_early(args.path, import_limits(args.max_trace_mb, args.max_events))
+
+
+def _run(args) -> int:
     from db.common import StoreError
 
     from .errors import IngestError

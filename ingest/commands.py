@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -11,7 +10,7 @@ from db.series import count_series_commits
 from db.store import open_db, run_tables
 
 from .errors import IngestError
-from .limits import DEFAULT_LIMITS, PROGRESS_AFTER_S
+from .limits import PROGRESS_AFTER_S, import_limits
 from .priority import DatabaseThread
 from .runs.connect import make_host_for
 from .runs.errors import RunError, SpecError
@@ -285,7 +284,7 @@ def _import_bar(meter) -> ImportBar:
 def run_import(args) -> int:
     rules = load_rule_chain(args.rules)
     patterns = load_pattern_catalog(args.patterns)
-    limits = dataclasses.replace(DEFAULT_LIMITS, max_bytes=args.max_trace_mb << 20, max_events=args.max_events)
+    limits = import_limits(args.max_trace_mb, args.max_events)
     resolved = _resolve_commit(args.commit, args.repo, args.repo_path)
     opts = ImportOptions(repo=args.repo, commit=resolved.sha if resolved else args.commit, variant=args.variant,
                          layers=args.layers, tok_per_s=args.tok_per_s, steps=args.steps, limits=limits,

@@ -3,7 +3,7 @@ attempts a job gets. A module of its own so that parsing the command line loads 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,11 @@ class ReadLimits:
 
 
 DEFAULT_LIMITS = ReadLimits()
+
+
+def import_limits(max_trace_mb: int, max_events: int) -> ReadLimits:
+    """The limits of `ingest import --max-trace-mb MB --max-events N`."""
+    return replace(DEFAULT_LIMITS, max_bytes=max_trace_mb << 20, max_events=max_events)
 
 MAX_ATTEMPTS = 2  # a job's attempts when its worker dies: one retry (ingest/runs/survival.py)
 

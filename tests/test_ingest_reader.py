@@ -8,15 +8,20 @@ behind. The 162 MB H200 capture kept for the benchmark is read both ways here to
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import multiprocessing
 import os
+import time
 
 import numpy as np
 import pytest
 
+from ingest import cli
 from ingest.errors import TraceError
+from ingest.limits import DEFAULT_LIMITS
+from ingest.traces import trace_read
 from ingest.traces.analyse import K, analyse_trace
 from ingest.traces.categories import load_rule_chain
 from ingest.traces.trace_read import read_trace
@@ -171,6 +176,51 @@ def test_only_a_large_trace_is_split_by_default(tmp_path, monkeypatch):
     assert one.processes == 1
     assert_same(one, split)
     assert len(one) == 2000 * (1 + 8 * 4)  # ProfilerStep + per layer frame, op, launch, kernel
+
+
+@pytest.mark.slow
+def test_a_helper_started_early_reads_ahead_and_the_read_takes_it_over(tmp_path):
+    """`start_early` (what `ingest import` calls once its command line is parsed) forks the
+    helper before the read: it decodes pieces on its own meanwhile, the read takes it over, and
+    the columns are those of a one-process read. A helper no read took is ended by
+    `stop_early`; one started with other limits is ended and replaced by the read."""
+    large = write_trace(tmp_path / "large.json.gz", synthetic_trace(2000))  # 18 MB of JSON
+    one = read_trace(large, split=False)
+    if DEFAULT_PROCESSES == 1:
+        assert not trace_read.start_early(large)  # one CPU: nothing to split
+        return
+    assert trace_read.start_early(large) and not trace_read.start_early(large)  # one per file
+    claims = trace_read._EARLY[os.path.realpath(large)].claims
+    deadline = time.monotonic() + 60
+    while claims.helper_events.value == 0 and time.monotonic() < deadline:  # it reads on its own
+        time.sleep(0.01)
+    assert claims.helper_events.value > 0 and len(multiprocessing.active_children()) == 1
+    early = read_trace(large)
+    assert early.processes == 2 and trace_read._EARLY == {}
+    assert_same(one, early)
+    assert multiprocessing.active_children() == []
+
+    assert trace_read.start_early(large)  # no read takes it: the import failed first
+    trace_read.stop_early()
+    assert trace_read._EARLY == {} and multiprocessing.active_children() == []
+
+    other = dataclasses.replace(DEFAULT_LIMITS, max_events=10**7)
+    assert trace_read.start_early(large, limits=other)
+    again = read_trace(large)  # the default limits: the early helper is not this read's
+    assert again.processes == 2 and trace_read._EARLY == {} and multiprocessing.active_children() == []
+    assert_same(one, again)
+    small = write_trace(tmp_path / "small.json.gz", synthetic_trace(10))
+    assert not trace_read.start_early(small) and not trace_read.start_early(tmp_path)  # small; a directory
+
+
+@pytest.mark.slow
+def test_an_import_that_fails_before_its_read_leaves_no_helper(tmp_path):
+    large = write_trace(tmp_path / "large.json.gz", synthetic_trace(2000))
+    db = tmp_path / "s.duckdb"
+    assert cli.main(["import", str(large), "--db", str(db), "--variant", "bad label!"]) == 2
+    assert multiprocessing.active_children() == [] and trace_read._EARLY == {} and not db.exists()
+    assert cli.main(["import", str(large), "--db", str(db)]) == 0
+    assert multiprocessing.active_children() == [] and trace_read._EARLY == {}
 
 
 @pytest.fixture(scope="module")

@@ -721,6 +721,9 @@ class _Claims:
         self._next = ctx.RawValue("q", 0)
         self._done = ctx.RawValue("b", 0)
         self._lock = ctx.Lock()
+        # events the helper has decoded: written by it once per piece, shown by the main
+        # process on the progress meter (a helper started early was forked before the meter)
+        self.helper_events = ctx.RawValue("q", 0)
 
     def take(self, number: int) -> bool:
         with self._lock:
@@ -769,6 +772,10 @@ def _read_share(path: Path, chunk_bytes: int, claims: _Claims, limits: ReadLimit
             raise _Finished
         if claims.take(number):
             cols.add(_decode_in_place(buf, start, end, _DECODER.decode), number)
+            if helper:
+                claims.helper_events.value = cols.events_seen
+        if not helper and _meter is not None:
+            _meter.for_helper().decoded(claims.helper_events.value)
         if not helper and number % HELPER_LAG_PIECES == HELPER_LAG_PIECES - 1 and not claims.finished:
             # the main process's share of a CPU over the last pieces: well under one CPU means
             # the two processes are sharing one (a busy machine, or a CPU quota) and the helper
@@ -816,8 +823,7 @@ def _helper_main(path: Path, chunk_bytes: int, claims: _Claims, limits: ReadLimi
     global _meter
     _die_with_parent(parent)
     parents_end.close()
-    if _meter is not None:
-        _meter = _meter.for_helper()  # its events count apart; the main process reports the bytes
+    _meter = None  # its events go to claims.helper_events; the main process reports them
     # Ctrl-C reaches the whole process group: the parent stops this helper itself (terminate),
     # so the helper must not die printing a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -833,37 +839,99 @@ def _helper_main(path: Path, chunk_bytes: int, claims: _Claims, limits: ReadLimi
         pass
 
 
-def _read_split(path: Path, chunk_bytes: int, limits: ReadLimits = DEFAULT_LIMITS) -> RawTrace | None:
-    """Read with a forked helper; None when that did not work out (read it in one process)."""
+@dataclass
+class _Helper:
+    """A split read's helper process, started, and what the main process holds of it."""
+
+    process: multiprocessing.process.BaseProcess
+    receiver: object  # the pipe's end its columns come back through
+    claims: _Claims
+    chunk_bytes: int
+    limits: ReadLimits
+
+    def stop(self) -> None:
+        self.receiver.close()
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join()
+        self.process.close()
+
+
+def _start_helper(path: Path, chunk_bytes: int, limits: ReadLimits) -> _Helper | None:
+    """Fork the helper of a split read of `path`; None when this process cannot fork."""
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
     claims = _Claims(ctx)
-    helper = ctx.Process(target=_helper_main, args=(path, chunk_bytes, claims, limits, sender, receiver, os.getpid()),
-                         name="stepwatch-trace-reader")
+    process = ctx.Process(target=_helper_main, args=(path, chunk_bytes, claims, limits, sender, receiver, os.getpid()),
+                          name="stepwatch-trace-reader")
     try:
         with warnings.catch_warnings():
             # Python 3.12 warns when a process with threads forks; the helper runs only this
             # module's reader (msgspec, numpy, isal), never code that could wait on their locks
             warnings.simplefilter("ignore", DeprecationWarning)
-            helper.start()
+            process.start()
     except (OSError, AssertionError):  # cannot fork here (no memory, or a daemon process)
         receiver.close()
         sender.close()
         return None
     sender.close()
+    return _Helper(process, receiver, claims, chunk_bytes, limits)
+
+
+# Helpers started before their read (`start_early`), by the file's real path.
+_EARLY: dict[str, _Helper] = {}
+
+
+def start_early(path: str | os.PathLike, limits: ReadLimits = DEFAULT_LIMITS, chunk_bytes: int = CHUNK_BYTES) -> bool:
+    """Start the helper of a split read of `path` now, before the read itself: the importer
+    calls this as soon as its command line is parsed, so the helper reads the first pieces
+    while this process loads the modules the import needs (DuckDB, the analysis: ~0.3 s of a
+    core that would otherwise stay idle on a 2-core machine). The read of that path
+    (`read_trace`, same limits) takes the helper over; pieces it decoded already are not read
+    twice (`_Claims`). True when a helper was started (a file worth splitting: see
+    `_worth_splitting`). `stop_early` ends helpers no read took."""
+    path = Path(path)
+    key = os.path.realpath(path)
+    if key in _EARLY or not path.is_file() or not _worth_splitting(path, chunk_bytes):
+        return False
+    helper = _start_helper(path, chunk_bytes, limits)
+    if helper is None:
+        return False
+    _EARLY[key] = helper
+    return True
+
+
+def stop_early() -> None:
+    """End the helpers `start_early` started that no read took (the import failed first)."""
+    while _EARLY:
+        _EARLY.popitem()[1].stop()
+
+
+def _take_early(path: Path, chunk_bytes: int, limits: ReadLimits) -> _Helper | None:
+    helper = _EARLY.pop(os.path.realpath(path), None)
+    if helper is not None and (helper.chunk_bytes, helper.limits) != (chunk_bytes, limits):
+        helper.stop()  # started for another read of the file
+        return None
+    return helper
+
+
+def _read_split(path: Path, chunk_bytes: int, limits: ReadLimits = DEFAULT_LIMITS) -> RawTrace | None:
+    """Read with a forked helper (one started early, or one started now); None when that did
+    not work out (read it in one process)."""
+    helper = _take_early(path, chunk_bytes, limits) or _start_helper(path, chunk_bytes, limits)
+    if helper is None:
+        return None
     try:
         try:
-            header, cols = _read_share(path, chunk_bytes, claims, limits)
-            ok, theirs = receiver.recv()
+            header, cols = _read_share(path, chunk_bytes, helper.claims, limits)
+            ok, theirs = helper.receiver.recv()
         except (TraceError, msgspec.MsgspecError, EOFError, RecursionError):
             return None
         if not ok:
             return None
+        if _meter is not None:
+            _meter.for_helper().decoded(theirs["events_seen"])
         cols.merge(theirs)
         return replace(_finish(cols, path, header), processes=2)
     finally:
-        receiver.close()
-        if helper.is_alive():
-            helper.terminate()
-        helper.join()
-        helper.close()
+        helper.stop()
