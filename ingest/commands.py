@@ -12,13 +12,7 @@ from db.store import open_db, run_tables
 from .errors import IngestError
 from .limits import PROGRESS_AFTER_S, import_limits
 from .priority import DatabaseThread
-from .runs.connect import make_host_for
 from .runs.errors import RunError, SpecError
-from .runs.git import list_first_parent
-from .runs.repos import ROOT as REPO_ROOT
-from .runs.repos import locate_repo
-from .runs.spec import load_config, parse_spec
-from .runs.survival import process_stamp
 from .traces.categories import load_rule_chain
 from .traces.importer import ImportOptions, load_pattern_catalog, prepare_import
 from .traces.progress import ImportBar, Progress
@@ -55,6 +49,8 @@ def _spec_body(args) -> dict:
 
 
 def run_run(args) -> int:
+    from .runs.spec import load_config, parse_spec
+    from .runs.survival import process_stamp
     from .runs.worker import check_runnable, execute_job, worker_name  # change tracking's SciPy: not for import
 
     config = load_config(args.config)
@@ -97,6 +93,7 @@ def _with_progress(bar: Progress, echo):
 
 
 def run_worker_cmd(args) -> int:
+    from .runs.spec import load_config
     from .runs.worker import run_worker, worker_name
 
     if args.ray and args.ray != "local" and (args.ray_cpus or args.ray_gpus):
@@ -121,6 +118,11 @@ def run_worker_cmd(args) -> int:
 
 
 def run_backfill(args) -> int:
+    from .runs.connect import make_host_for
+    from .runs.git import list_first_parent
+    from .runs.repos import locate_repo
+    from .runs.spec import load_config, parse_spec
+
     config = load_config(args.config)
     host = make_host_for(config, args.host or "local")
     repo_name, repo_path = locate_repo(args.repo, config, args.host or "local")
@@ -185,7 +187,9 @@ def run_samples(args) -> int:
 def _checkout(repo: str | None, repo_path: str | None) -> str | None:
     """The git checkout here that holds a repo's commits: --repo-path, or this clone for the
     stepwatch repo; None when there is none."""
-    return repo_path or (str(REPO_ROOT) if repo == "stepwatch" and (REPO_ROOT / ".git").exists() else None)
+    from .runs.repos import ROOT
+
+    return repo_path or (str(ROOT) if repo == "stepwatch" and (ROOT / ".git").exists() else None)
 
 
 def _resolve_commit(ref: str | None, repo: str | None, repo_path: str | None):
@@ -193,14 +197,14 @@ def _resolve_commit(ref: str | None, repo: str | None, repo_path: str | None):
     with its date, author, subject and order, when a checkout here holds it. None when there is
     no checkout, or this clone lacks a stepwatch commit: the value is then kept as it was given,
     which must be a label (a short sha kept alone is a commit with no order or date)."""
+    if ref is None:
+        return None
     from kernels.bundle import LABEL_RULE, is_label
 
     from .runs.git import resolve_ref
     from .runs.hosts import LocalHost
     from .runs.spec import check_ref
 
-    if ref is None:
-        return None
     path = _checkout(repo, repo_path)
     if path is not None:
         try:
@@ -218,14 +222,14 @@ def _resolve_commit(ref: str | None, repo: str | None, repo_path: str | None):
 
 def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
     """The commit's date, author, subject and order, when a checkout here holds it."""
-    from .runs.git import describe_commit
-    from .runs.hosts import LocalHost
-
     if commit is None:
         return None
     path = _checkout(repo, repo_path)
     if path is None:
         return None
+    from .runs.git import describe_commit
+    from .runs.hosts import LocalHost
+
     try:
         return describe_commit(LocalHost(), path, commit)
     except RunError:
@@ -240,6 +244,8 @@ def run_check(args) -> int:
     from .regress.report import format_markdown
     from .runs.git import resolve_ref
     from .runs.hosts import LocalHost
+    from .runs.repos import locate_repo
+    from .runs.spec import load_config
     from .runs.track import analyse_series, list_tracked_series
 
     config = load_config(args.config)

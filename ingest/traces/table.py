@@ -123,6 +123,7 @@ class Groups:
         self.n_groups = n_groups
         self.counts = np.bincount(self.group, minlength=n_groups)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+        self._last_sorted: tuple[np.ndarray, np.ndarray] | None = None  # (values, sorted within groups)
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         """Per group, the sum of its values (0 for an empty group; NaN where a value is NaN)."""
@@ -136,9 +137,16 @@ class Groups:
         return np.bincount(self.group[np.asarray(mask, bool)], minlength=self.n_groups) > 0
 
     def _sorted(self, values: np.ndarray) -> np.ndarray:
-        """The values sorted within each group, groups one after another (NaN last in its group)."""
-        values = np.asarray(values, float)
-        return values[np.lexsort((values, self.group))]
+        """The values sorted within each group, groups one after another (NaN last in its group).
+        The last array sorted is kept: an import asks for the median, minimum, maximum and p90
+        of the same durations (one sort instead of four: ~0.06 s of a 537 MB trace's analysis); an
+        array must not be changed in place between two calls."""
+        if self._last_sorted is not None and self._last_sorted[0] is values:
+            return self._last_sorted[1]
+        array = np.asarray(values, float)
+        ordered = array[np.lexsort((array, self.group))]
+        self._last_sorted = (values, ordered)
+        return ordered
 
     def _at(self, ordered: np.ndarray, index: np.ndarray) -> np.ndarray:
         """ordered[index] where the group is not empty, NaN where it is."""
