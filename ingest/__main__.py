@@ -22,7 +22,10 @@ from .cli import main  # noqa: E402 -- after the priority is set
 
 code = main(db_thread=db_thread)
 if sys.argv[1:2] == ["report"]:
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to tell it
+        pass
     os._exit(code)
 sys.exit(code)

@@ -26,6 +26,7 @@ def import_limits(max_trace_mb: int, max_events: int) -> ReadLimits:
     """The limits of `ingest import --max-trace-mb MB --max-events N`."""
     return replace(DEFAULT_LIMITS, max_bytes=max_trace_mb << 20, max_events=max_events)
 
+
 MAX_ATTEMPTS = 2  # a job's attempts when its worker dies: one retry (ingest/runs/survival.py)
 
 # An import draws a progress bar on a terminal only once it has run this long (short ones stay
