@@ -134,15 +134,21 @@ def test_cancel_stops_a_running_task_and_writes_no_run(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_task_process_is_run_again_once_then_the_job_fails_with_the_reason(tmp_path):
+    """Each attempt is killed once its engine has made its scratch directory (a worktree of this
+    checkout in it): a killed process removes nothing itself, so the worker removes what each dead
+    attempt made, on its node, and prunes the worktrees from this checkout."""
     db = tmp_path / "k.duckdb"
     job_id = _queue_a_long_run(db)
     started = re.compile(r"running on Ray node \w+ \(pid (\d+)\)")
+    scratch = re.compile(r"scratch (\S+) on the Ray node")
     worker = _worker(db, "--exit-when-idle")
     try:
         first = int(wait_for(lambda: started.findall(_job(db, job_id)["log"] or ""), "the task to start", 600)[0])
+        wait_for(lambda: len(scratch.findall(_job(db, job_id)["log"] or "")) == 1, "its scratch", 600)
         os.kill(first, signal.SIGKILL)
         second = wait_for(lambda: [int(p) for p in started.findall(_job(db, job_id)["log"] or "") if int(p) != first],
                           "Ray to run the task again", 600)[0]
+        wait_for(lambda: len(scratch.findall(_job(db, job_id)["log"] or "")) == 2, "the second scratch", 600)
         os.kill(second, signal.SIGKILL)
         out, _ = worker.communicate(timeout=300)
     finally:
@@ -153,6 +159,14 @@ def test_a_killed_task_process_is_run_again_once_then_the_job_fails_with_the_rea
     assert job["error"].startswith("its Ray task was lost (") and f"process {first} died" in job["log"]
     with open_db(db, read_only=True) as store:
         assert store.con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    made = scratch.findall(job["log"])
+    assert len(made) == 2 and all(Path(p).name.startswith("stepwatch-ref-") for p in made), made
+    assert not any(Path(p).exists() for p in made), made
+    for path in made:  # each attempt's engine directory, and the task's own work directory
+        assert f"removed {path} on Ray node" in job["log"] and "left by its lost task" in job["log"]
+    assert len(re.findall(r"removed \S*stepwatch-job\S* on Ray node", job["log"])) == 2
+    worktrees = git(ROOT, "worktree", "list", "--porcelain")
+    assert not any(p in worktrees for p in made), worktrees
 
 
 def test_a_run_asks_ray_for_a_gpu_per_tensor_parallel_rank():

@@ -32,8 +32,13 @@ dies is retried once by Ray (`RAY_RETRIES`); a second loss fails the job with ki
 "worker-lost" and Ray's reason. Nothing is imported from a task that did not return its
 bundle, so a lost task never leaves a half run. SIGTERM/SIGINT: every task is told to stop, the
 jobs go back to the queue without counting the attempt (as the local worker does), and the
-process exits. Scratch a task made on a node is removed by the engine when the task ends;
-a node that dies takes its scratch with it (it is not noted for removal by the next worker).
+process exits. Scratch a task makes on its node (its work directory, the engine's
+`stepwatch-ref-*` / `stepwatch-sglang-*` directory with a git worktree) is removed by the task
+when it ends; a task whose process is killed never gets there, so each one is also noted to the
+relay as it is made (node, process, path, repository), and when a task's process is known dead
+-- Ray starts it again, or its last attempt is lost or force-killed -- this process runs a
+zero-CPU task pinned to that node (`_remove_scratch_here`) that removes them and prunes the
+repository's worktrees. A node that dies takes its scratch with it.
 
 What a node needs: Python with requirements.txt installed, the repositories of the config's
 [repos] at the same paths (a worktree is made from them), and patch files at the config's
@@ -46,6 +51,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 import tempfile
 import threading
@@ -55,6 +61,7 @@ from pathlib import Path
 from typing import Callable
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from db.store import StoreError, open_db
 
@@ -100,6 +107,7 @@ class _Relay:
         self.lines: dict[int, list[str]] = {}
         self.progress: dict[int, tuple[int, int | None]] = {}
         self.started: dict[int, list[int]] = {}
+        self.scratch: dict[int, list[dict]] = {}
         self.stop: dict[int, str] = {}
 
     def hand_over(self, job_id: int, lines: list[str], progress: tuple[int, int | None] | None) -> str | None:
@@ -113,12 +121,16 @@ class _Relay:
     def started_on(self, job_id: int, pid: int) -> None:
         self.started.setdefault(job_id, []).append(pid)
 
+    def scratch_made(self, job_id: int, entry: dict) -> None:
+        """A directory a task made on its node: {"node", "pid", "path", "repo"} (see the module's doc)."""
+        self.scratch.setdefault(job_id, []).append(entry)
+
     def tell(self, job_id: int, why: str) -> None:
         self.stop[job_id] = why
 
     def drain(self) -> dict:
-        out = {"lines": self.lines, "progress": self.progress, "started": self.started}
-        self.lines, self.progress, self.started = {}, {}, {}
+        out = {"lines": self.lines, "progress": self.progress, "started": self.started, "scratch": self.scratch}
+        self.lines, self.progress, self.started, self.scratch = {}, {}, {}, {}
         return out
 
 
@@ -148,6 +160,7 @@ class _TaskIO:
 
     def note_scratch(self, host_name: str, path: str, repo: str | None = None) -> None:
         self.line(f"job {self.job_id}: scratch {path} on the Ray node (removed by the engine when it ends)")
+        _note_scratch(self.relay, self.job_id, path, repo)
 
     def flush(self) -> None:
         with self._lock:
@@ -200,12 +213,42 @@ def unpack_bundle(data: bytes, into: Path) -> Path:
     return into / names.pop()
 
 
+def _note_scratch(relay, job_id: int, path: str, repo: str | None) -> None:
+    """Tell the relay about a directory this task made on its node, for removal should the task's
+    process be killed before it removes the directory itself."""
+    relay.scratch_made.remote(job_id, {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                                       "path": str(path), "repo": repo})
+
+
+def _remove_scratch_here(entries: list[dict]) -> list[str]:
+    """On the node that made them: remove a dead task's scratch directories (only names that
+    stepwatch's mkdtemp gives) and prune the git worktrees they held from their repositories;
+    returns the directories that were there."""
+    removed = []
+    for entry in entries:
+        path = Path(entry["path"])
+        if not path.name.startswith("stepwatch-"):
+            continue
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+        if entry.get("repo"):
+            subprocess.run(["git", "-C", entry["repo"], "worktree", "prune"], capture_output=True, timeout=120,
+                           check=False)
+    return removed
+
+
+_REMOVE_SCRATCH = ray.remote(num_cpus=0, max_retries=0)(_remove_scratch_here)
+REMOVE_SCRATCH_TIMEOUT_S = 60.0
+
+
 def _run_remote(relay, job_id: int, spec_json: str, config: Config) -> dict:
     """One job's engine run, in a Ray task: {"status": "ok", "bundle": tar bytes, "repo", "commit"}
     or {"status", "kind", "error"} for a run that failed, was cancelled or must be requeued."""
     relay.started_on.remote(job_id, os.getpid())
     spec = parse_job_spec(json.loads(spec_json), config)
     work = Path(tempfile.mkdtemp(prefix=f"stepwatch-job{job_id}-"))
+    _note_scratch(relay, job_id, str(work), None)
     try:
         with _TaskIO(relay, job_id) as task_io:
             task_io.line(f"job {job_id}: running on Ray node {ray.get_runtime_context().get_node_id()[:12]} "
@@ -245,6 +288,7 @@ class _InFlight:
     ref: "ray.ObjectRef"
     told_at: float | None = None
     pids: list[int] = field(default_factory=list)
+    scratch: list[dict] = field(default_factory=list)  # what its task's processes made (see the module's doc)
 
 
 def connect(address: str, *, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
@@ -285,8 +329,33 @@ def _beat_all(db_path: str, flights: dict[int, _InFlight]) -> None:
         return  # busy: the next beat writes
 
 
+def _remove_scratch(f: _InFlight, dead: set[int] | None = None) -> None:
+    """Remove the scratch that `f`'s dead task processes (`dead`; None: all of them) made, on
+    the nodes they ran on (`_remove_scratch_here`), and say so in the job's log."""
+    job_id = f.job["job_id"]
+    entries = [e for e in f.scratch if dead is None or e["pid"] in dead]
+    f.scratch = [e for e in f.scratch if e not in entries]
+    by_node: dict[str, list[dict]] = {}
+    for entry in entries:
+        by_node.setdefault(entry["node"], []).append(entry)
+    for node, group in by_node.items():
+        strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        try:
+            removed = ray.get(_REMOVE_SCRATCH.options(scheduling_strategy=strategy).remote(group),
+                              timeout=REMOVE_SCRATCH_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - the node is gone (its scratch with it) or does not answer
+            f.reporter.line(f"job {job_id}: cannot remove the scratch of its lost task on Ray node {node[:12]} "
+                            f"({type(e).__name__})")
+            continue
+        for path in removed:
+            f.reporter.line(f"job {job_id}: removed {path} on Ray node {node[:12]}, left by its lost task")
+
+
 def _relay_in(relay, flights: dict[int, _InFlight]) -> None:
     news = ray.get(relay.drain.remote())
+    for job_id, entries in news["scratch"].items():
+        if job_id in flights:
+            flights[job_id].scratch.extend(entries)
     for job_id, lines in news["lines"].items():
         if job_id in flights:
             for text in lines:
@@ -296,11 +365,13 @@ def _relay_in(relay, flights: dict[int, _InFlight]) -> None:
             flights[job_id].reporter.progress(done, planned)
     for job_id, pids in news["started"].items():
         if job_id in flights:
+            f = flights[job_id]
             for pid in pids:
-                if flights[job_id].pids:
-                    flights[job_id].reporter.line(f"job {job_id}: its Ray task's process {flights[job_id].pids[-1]} "
-                                                  f"died; Ray runs it again (pid {pid})")
-                flights[job_id].pids.append(pid)
+                if f.pids:
+                    f.reporter.line(f"job {job_id}: its Ray task's process {f.pids[-1]} died; Ray runs it again "
+                                    f"(pid {pid})")
+                    _remove_scratch(f, dead=set(f.pids))
+                f.pids.append(pid)
 
 
 def _finish(db_path: str, config: Config, rules: list[Rule], f: _InFlight,
@@ -312,10 +383,12 @@ def _finish(db_path: str, config: Config, rules: list[Rule], f: _InFlight,
         result = ray.get(f.ref)
     except ray.exceptions.TaskCancelledError:  # withdrawn before it started, or killed
         result = {"status": "told"}
+        _remove_scratch(f)  # a killed task removed nothing itself
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError,
             ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError, ray.exceptions.RaySystemError) as e:
         result = {"status": "failed", "kind": "worker-lost",
                   "error": f"its Ray task was lost ({type(e).__name__}: {str(e).splitlines()[0][:300]})"}
+        _remove_scratch(f)
     except ray.exceptions.RayTaskError as e:  # our task raised past its own handler: a bug
         reporter.line(str(e))
         result = {"status": "failed", "kind": "internal-error", "error": str(e).splitlines()[0][:300]}
