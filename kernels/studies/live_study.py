@@ -12,6 +12,12 @@ the resident programs with equal piece ranges (prefetching the next step's row i
 flight, 32-bit offsets); `fused*`, the pages path in one launch; `*off32*` / `grid_off32`, 32-bit
 piece and element offsets; `*early*`, the first block's row ids loaded beside the count;
 `*_r32`, at most 32 registers; `candidate*`, 32-bit offsets plus early ids peeled off the loop.
+Session 9: `pipe*`, the compact loop as `tl.range(..., num_stages=S)` for Triton's software pipeliner
+(asynchronous copies of the row ids and rows into shared memory); `gs_*`, the grid-stride loop with the
+next block's row ids loaded before this block's store, over the resident programs or a fixed number
+per SM (figures: kernels/results/2026-12-01-h200-pipelined-prefetch/). The pipelined kernel does not
+run under Triton 3.6's interpreter (its `tl.range` wants Python integers for run-time bounds), so
+`--smoke` cannot check `pipe*`; the GPU run checks them bit for bit before timing.
 `--smoke` runs the checks alone under Triton's interpreter (CPU).
 """
 from __future__ import annotations
@@ -190,6 +196,46 @@ if HAS_TRITON:
                 used = tl.load(index_ptr + i, mask=live, other=0).to(tl.int64)
                 _move_rows(pool_ptr, out_ptr, used, used, live, pool_stride, out_stride, DIM, MAIN, TAIL)
                 blk += tl.num_programs(0)
+
+    @triton.jit
+    def _pipelined_gather_kernel(pool_ptr, rows_ptr, index_ptr, count_ptr, out_ptr, n_max, capacity, pool_stride,
+                                 out_stride, PAGE: tl.constexpr, WRITE_INDEX: tl.constexpr, ROWS: tl.constexpr,
+                                 CHUNKS: tl.constexpr, VEC: tl.constexpr, INDEX_ROWS: tl.constexpr,
+                                 DIM: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr, STAGES: tl.constexpr):
+        """_gather_live_kernel (32-bit offsets) with its compact loop written as a counted loop over
+        the program's blocks, `tl.range(..., num_stages=STAGES)`, so Triton's software pipeliner can
+        issue the row ids and the pool rows of later blocks as asynchronous copies into shared memory
+        (sm_80+ cp.async) while this block is cast and stored: more loads in flight per program
+        without holding them in registers, where the hand-written prefetches above cost registers."""
+        PIECES: tl.constexpr = DIM // VEC
+        n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max).to(tl.int32)
+        v = tl.arange(0, VEC)[None, :]
+        if n <= capacity:
+            n_pieces = n * (PAGE * PIECES)
+            n_blocks = tl.cdiv(n_pieces, CHUNKS)
+            for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=STAGES):
+                base = blk * CHUNKS
+                k = base + tl.arange(0, CHUNKS)
+                mask = k < n_pieces
+                t = k // PIECES
+                src = _row_src(rows_ptr, t, mask, PAGE, True)
+                c = (k % PIECES) * VEC
+                x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None])
+                tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
+                if WRITE_INDEX:
+                    first = tl.cdiv(base, PIECES)
+                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
+                    tt = first + tl.arange(0, INDEX_ROWS)
+                    tl.store(index_ptr + tt, tt, mask=tt < end)
+        elif WRITE_INDEX:
+            rb = tl.program_id(0).to(tl.int64)
+            n_row_blocks = tl.cdiv(n, ROWS)
+            while rb < n_row_blocks:
+                i = rb * ROWS + tl.arange(0, ROWS)
+                live = i < n
+                used = tl.load(index_ptr + i, mask=live, other=0).to(tl.int64)
+                _move_rows(pool_ptr, out_ptr, used, used, live, pool_stride, out_stride, DIM, MAIN, TAIL)
+                rb += tl.num_programs(0)
 
     @triton.jit
     def _candidate_move_pieces(pool_ptr, out_ptr, index_ptr, src, base, n_pieces, pool_stride, out_stride,
@@ -453,6 +499,13 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
     if var.get("kind") == "candidate":
         launch_candidate(pool2d, rows, index, count, out2d, n_max, capacity, page, cfg)
         return
+    if var.get("stages"):
+        for key in ("PERSIST", "PREFETCH", "PIPE", "OFF32"):
+            kwargs.pop(key)
+        kwargs["STAGES"] = var["stages"]
+        assert fits_32bit(pool2d, out2d, most, dim, vec), "the pipelined variant has 32-bit offsets only"
+        _pipelined_gather_kernel[(_study_grid(pool2d, most, dim, vec, cfg),)](*args, **kwargs)
+        return
     if var.get("early") is not None:
         args = (pool2d, rows, index if index is not None else rows, count, out2d, n_max, capacity, rows.numel(),
                 pool2d.stride(0), out2d.stride(0))
@@ -466,10 +519,12 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
         grid = _study_grid(pool2d, most, dim, vec, cfg)
         _early_gather_kernel[(grid,)](*args, **kwargs)
         return
-    if var.get("persist"):
+    if var.get("persist") or var.get("resident"):  # resident: grid stride over SMs x resident programs
         key = ("gather", tuple(sorted((k, v) for k, v in kwargs.items())))
         grid = _persistent_grid(_study_gather_kernel, key, args, dict(kwargs), pool2d.device)
         grid = grid * var.get("resident_scale", 1)
+        if var.get("resident"):
+            grid = max(1, min(grid, triton.cdiv(most * (dim // vec), cfg["CHUNKS"])))
     else:
         grid = _study_grid(pool2d, most, dim, vec, cfg)
     _study_gather_kernel[(grid,)](*args, **kwargs)
@@ -559,6 +614,24 @@ VARIANTS = {
     "off32_early_evict_cs": {"early": True, "off32": True, "pool_evict": "evict_first", "out_cache": ".cs"},
     "off32_pps16_evict_cs": {"early": False, "off32": True, "pool_evict": "evict_first", "out_cache": ".cs",
                              "cfg": {"PROGRAMS_PER_SM": 16}},
+    # 2026-12-01 (session 9): Triton's software pipeliner on the compact loop (tl.range num_stages)
+    "pipe2": {"stages": 2},
+    "pipe3": {"stages": 3},
+    "pipe4": {"stages": 4},
+    "pipe3_pps16": {"stages": 3, "cfg": {"PROGRAMS_PER_SM": 16}},
+    "pipe3_c256": {"stages": 3, "cfg": {"CHUNKS": 256}},
+    "pipe4_c256": {"stages": 4, "cfg": {"CHUNKS": 256}},
+    "pipe3_c256_w4": {"stages": 3, "cfg": {"CHUNKS": 256, "num_warps": 4}},
+    "pipe4_c256_w4": {"stages": 4, "cfg": {"CHUNKS": 256, "num_warps": 4}},
+    "pipe6_c128_w4": {"stages": 6, "cfg": {"CHUNKS": 128, "num_warps": 4}},
+    # grid stride (not equal ranges) with the next block's row ids loaded before this block's store,
+    # 32-bit: over exactly the resident programs, or a fixed number per SM
+    "gs_pf32_res": {"resident": True, "prefetch": True, "off32": True},
+    "gs_off32_res": {"resident": True, "off32": True},
+    "gs_pf32_pps6": {"prefetch": True, "off32": True, "cfg": {"PROGRAMS_PER_SM": 6}},
+    "gs_pf32_pps12": {"prefetch": True, "off32": True, "cfg": {"PROGRAMS_PER_SM": 12}},
+    "gs_pf32_res_w4": {"resident": True, "prefetch": True, "off32": True, "cfg": {"CHUNKS": 256, "num_warps": 4}},
+    "gs_pf32_res_x2": {"resident": True, "prefetch": True, "off32": True, "resident_scale": 2},
 }
 PAGES_ONLY = ("fused_pf", "fused")
 
@@ -696,7 +769,8 @@ def time_variants(log, out_dir: Path, names: list[str]) -> dict:
 def describe_compiled() -> list[dict]:
     """Registers, spills, shared memory and resident programs per SM of every compiled live kernel."""
     rows = []
-    for kernel in (kv_cast._gather_live_kernel, _candidate_gather_kernel, _early_gather_kernel):
+    for kernel in (kv_cast._gather_live_kernel, _candidate_gather_kernel, _early_gather_kernel, _study_gather_kernel,
+                   _pipelined_gather_kernel):
         for cache in kernel.device_caches.values():
             for compiled in cache[0].values():
                 compiled._init_handles()
@@ -706,6 +780,7 @@ def describe_compiled() -> list[dict]:
                 rows.append({"kernel": compiled.name, "n_regs": compiled.n_regs, "n_spills": compiled.n_spills,
                              "shared": compiled.metadata.shared, "num_warps": compiled.metadata.num_warps,
                              "resident_per_sm": resident_per_sm(compiled, compiled.metadata.num_warps),
+                             "async_copies": compiled.asm.get("ttgir", "").count("async_copy_global_to_local"),
                              "constants": {str(k): str(v) for k, v in consts.items()}})
     return rows
 
@@ -768,9 +843,15 @@ def main(argv=None) -> int:
     except Exception as e:  # diagnostics only
         results["compiled"] = repr(e)
     (out / "study.json").write_text(json.dumps(results, indent=1) + "\n")
+    if HAS_TRITON:  # the pipelined kernels' TTGIR (does the pipeliner make async copies of both loads?)
+        with open(out / "pipelined.ttgir", "w") as f:
+            for cache in _pipelined_gather_kernel.device_caches.values():
+                for compiled in cache[0].values():
+                    f.write(f"// ===== {compiled.metadata.num_warps} warps, {compiled.n_regs} regs\n")
+                    f.write(compiled.asm.get("ttgir", "") + "\n")
     for c in results["compiled"] if isinstance(results["compiled"], list) else []:
         log(f"compiled {c['kernel']}: {c['n_regs']} regs, {c['n_spills']} spills, {c['shared']} B shared, "
-            f"{c['num_warps']} warps -> {c['resident_per_sm']}/SM; "
+            f"{c['num_warps']} warps -> {c['resident_per_sm']}/SM, {c.get('async_copies', 0)} async copies; "
             + ",".join(f"{k}={v}" for k, v in c["constants"].items() if len(k) < 12))
     log("resident " + json.dumps(results["resident"]))
     log("rows cold | rows kernel | pages1 cold | pages1 kernel | pages64 cold | pages64 kernel (us, of copy)\n"
