@@ -18,6 +18,11 @@ next block's row ids loaded before this block's store, over the resident program
 per SM (figures: kernels/results/2026-12-01-h200-pipelined-prefetch/). The pipelined kernel does not
 run under Triton 3.6's interpreter (its `tl.range` wants Python integers for run-time bounds), so
 `--smoke` cannot check `pipe*`; the GPU run checks them bit for bit before timing.
+Also session 9: `l2pf*` / `l2pfl*`, `prefetch.global.L2` (inline PTX) of the row ids and of the pool rows
+of the block a program of a later wave will move (per piece, or one predicated request per 128-byte line),
+and `kv_cast_identity`, the kernel as it is on row ids 0..n-1 (a gather without the scatter; rows path
+only), to split the gap to the contiguous cast (kernels/results/2026-12-01-h200-l2-prefetch/). Inline PTX
+does not run under the interpreter either.
 `--smoke` runs the checks alone under Triton's interpreter (CPU).
 """
 from __future__ import annotations
@@ -227,6 +232,84 @@ if HAS_TRITON:
                     end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
                     tt = first + tl.arange(0, INDEX_ROWS)
                     tl.store(index_ptr + tt, tt, mask=tt < end)
+        elif WRITE_INDEX:
+            rb = tl.program_id(0).to(tl.int64)
+            n_row_blocks = tl.cdiv(n, ROWS)
+            while rb < n_row_blocks:
+                i = rb * ROWS + tl.arange(0, ROWS)
+                live = i < n
+                used = tl.load(index_ptr + i, mask=live, other=0).to(tl.int64)
+                _move_rows(pool_ptr, out_ptr, used, used, live, pool_stride, out_stride, DIM, MAIN, TAIL)
+                rb += tl.num_programs(0)
+
+    @triton.jit
+    def _prefetch_l2(ptrs):
+        """`prefetch.global.L2` of the line holding each address: a hint, no register written back."""
+        return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _prefetch_l2_if(ptrs, pred):
+        """`prefetch.global.L2` of the line holding each address where pred is non-zero (predicated
+        off elsewhere: no request at all, where _prefetch_l2 needs a harmless address)."""
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }", "=r,l,r",
+            [ptrs, pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _l2pf_gather_kernel(pool_ptr, rows_ptr, index_ptr, count_ptr, out_ptr, n_max, capacity, rows_len, ahead,
+                            pool_stride, out_stride, PAGE: tl.constexpr, WRITE_INDEX: tl.constexpr,
+                            ROWS: tl.constexpr, CHUNKS: tl.constexpr, VEC: tl.constexpr, INDEX_ROWS: tl.constexpr,
+                            DIM: tl.constexpr, MAIN: tl.constexpr, TAIL: tl.constexpr, IDS_PF: tl.constexpr,
+                            ROWS_PF: tl.constexpr, LINES: tl.constexpr = False):
+        """_gather_live_kernel (32-bit offsets) with L2 prefetches for the programs of later waves.
+
+        IDS_PF: program p first prefetches lines p, p + G, ... of the row-id buffer (rows_len ids),
+        so programs that start after the first wave find their ids in L2.
+        ROWS_PF: with each block b it moves, a program also loads the row ids of block b + ahead
+        (ahead: about one wave of resident programs, in pieces) beside its own and prefetches those
+        pool rows into L2 (no registers held): the program that moves block b + ahead a wave later
+        finds its ids and rows in L2 instead of waiting on DRAM for each in turn."""
+        PIECES: tl.constexpr = DIM // VEC
+        ID_LINE: tl.constexpr = 32  # ids (int32) per 128-byte line
+        if IDS_PF:
+            lines = tl.cdiv(rows_len, ID_LINE)
+            ln = tl.program_id(0)
+            while ln < lines:
+                _prefetch_l2(rows_ptr + ln * ID_LINE + tl.zeros([32], tl.int32))
+                ln += tl.num_programs(0)
+        n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max).to(tl.int32)
+        base = tl.program_id(0) * CHUNKS
+        k = base + tl.arange(0, CHUNKS)
+        t = k // PIECES
+        v = tl.arange(0, VEC)[None, :]
+        if n <= capacity:
+            n_pieces = n * (PAGE * PIECES)
+            step = tl.num_programs(0) * CHUNKS
+            while base < n_pieces:
+                mask = k < n_pieces
+                src = _row_src(rows_ptr, t, mask, PAGE, True)
+                c = (k % PIECES) * VEC
+                if ROWS_PF:
+                    ka = k + ahead
+                    ma = ka < n_pieces
+                    srca = _row_src(rows_ptr, ka // PIECES, ma, PAGE, True)
+                    ca = (ka % PIECES) * VEC
+                    if LINES:  # one request per 128-byte line: pieces that start a line or a row
+                        offa = srca * pool_stride + ca
+                        _prefetch_l2_if(pool_ptr + offa, ma & ((offa % 128 == 0) | (ca == 0)))
+                    else:
+                        _prefetch_l2(tl.where(ma, pool_ptr + srca * pool_stride + ca, pool_ptr))
+                x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None])
+                tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
+                if WRITE_INDEX:
+                    first = tl.cdiv(base, PIECES)
+                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
+                    tt = first + tl.arange(0, INDEX_ROWS)
+                    tl.store(index_ptr + tt, tt, mask=tt < end)
+                base += step
+                k = base + tl.arange(0, CHUNKS)
+                t = k // PIECES
         elif WRITE_INDEX:
             rb = tl.program_id(0).to(tl.int64)
             n_row_blocks = tl.cdiv(n, ROWS)
@@ -499,6 +582,18 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
     if var.get("kind") == "candidate":
         launch_candidate(pool2d, rows, index, count, out2d, n_max, capacity, page, cfg)
         return
+    if var.get("l2pf"):  # (ids, rows, waves ahead[, one prefetch per line])
+        ids_pf, rows_pf, waves, lines = (*var["l2pf"], False)[:4]
+        kwargs["LINES"] = lines
+        for key in ("PERSIST", "PREFETCH", "PIPE", "OFF32"):
+            kwargs.pop(key)
+        assert fits_32bit(pool2d, out2d, most, dim, vec), "the L2-prefetch variant has 32-bit offsets only"
+        resident = kv_cast._count_sms(pool2d.device.index or 0) * 6 if pool2d.is_cuda else 4
+        args = (pool2d, rows, index if index is not None else rows, count, out2d, n_max, capacity, rows.numel(),
+                int(waves * resident * cfg["CHUNKS"]), pool2d.stride(0), out2d.stride(0))
+        _l2pf_gather_kernel[(_study_grid(pool2d, most, dim, vec, cfg),)](*args, IDS_PF=ids_pf, ROWS_PF=rows_pf,
+                                                                          **kwargs)
+        return
     if var.get("stages"):
         for key in ("PERSIST", "PREFETCH", "PIPE", "OFF32"):
             kwargs.pop(key)
@@ -624,6 +719,20 @@ VARIANTS = {
     "pipe3_c256_w4": {"stages": 3, "cfg": {"CHUNKS": 256, "num_warps": 4}},
     "pipe4_c256_w4": {"stages": 4, "cfg": {"CHUNKS": 256, "num_warps": 4}},
     "pipe6_c128_w4": {"stages": 6, "cfg": {"CHUNKS": 128, "num_warps": 4}},
+    # L2 prefetches for later waves: (row ids, pool rows, waves ahead)
+    "l2pf_ids": {"l2pf": (True, False, 1)},
+    "l2pf_rows1": {"l2pf": (False, True, 1)},
+    "l2pf_both1": {"l2pf": (True, True, 1)},
+    "l2pf_rows2": {"l2pf": (False, True, 2)},
+    "l2pf_both2": {"l2pf": (True, True, 2)},
+    "l2pf_rows05": {"l2pf": (False, True, 0.5)},
+    "l2pf_both1_pps16": {"l2pf": (True, True, 1), "cfg": {"PROGRAMS_PER_SM": 16}},
+    "l2pfl_rows1": {"l2pf": (False, True, 1, True)},
+    "l2pfl_rows05": {"l2pf": (False, True, 0.5, True)},
+    "l2pfl_rows2": {"l2pf": (False, True, 2, True)},
+    "l2pfl_rows1_pps16": {"l2pf": (False, True, 1, True), "cfg": {"PROGRAMS_PER_SM": 16}},
+    # diagnostic: the kernel as it is on contiguous row ids (0..n-1): the gather without the scatter
+    "kv_cast_identity": {"kind": "kv_cast", "identity": True},
     # grid stride (not equal ranges) with the next block's row ids loaded before this block's store,
     # 32-bit: over exactly the resident programs, or a fixed number per SM
     "gs_pf32_res": {"resident": True, "prefetch": True, "off32": True},
@@ -718,6 +827,22 @@ def time_variants(log, out_dir: Path, names: list[str]) -> dict:
         for name in names:
             var = VARIANTS[name]
             cell = {}
+            if var.get("identity"):  # rows path on row ids 0..n-1 (contiguous), exact against pool[:n]
+                ids = torch.arange(pt.index.numel(), dtype=torch.int32, device=dev)
+                id_rows, id_index = ids[: pt.rows_capacity()].clone(), ids.clone()
+                for tname, tm in (("cold", timer), ("kernel", kt)):
+                    us = tm.time_us(lambda: study_rows(pt.pool, id_rows, pt.count, compact, id_index, var))
+                    id_index.copy_(ids)
+                    cell[f"rows_{tname}"] = describe_time(us, moved, copy_tb) if us else None
+                study_rows(pt.pool, id_rows, pt.count, compact, id_index, var)
+                want = pt.pool[: pt.live_rows].view(FP8).to(BF16).view(-1, 576)
+                cell["rows_exact"] = bool(torch.equal(compact[: pt.live_rows].view(-1, 576).view(torch.int16),
+                                                      want.view(torch.int16)))
+                row["variants"][name] = cell
+                log(f"{pool_tokens} bs {bs} ctx {ctx} {name}: " + ", ".join(
+                    f"{k} {c['us']} ({c['fraction_of_copy']})" if isinstance(c, dict) else f"{k} {c}"
+                    for k, c in cell.items()))
+                continue
 
             def rows_call():
                 study_rows(pt.pool, pt.rows, pt.count, compact, pt.index, var)
@@ -770,7 +895,7 @@ def describe_compiled() -> list[dict]:
     """Registers, spills, shared memory and resident programs per SM of every compiled live kernel."""
     rows = []
     for kernel in (kv_cast._gather_live_kernel, _candidate_gather_kernel, _early_gather_kernel, _study_gather_kernel,
-                   _pipelined_gather_kernel):
+                   _pipelined_gather_kernel, _l2pf_gather_kernel):
         for cache in kernel.device_caches.values():
             for compiled in cache[0].values():
                 compiled._init_handles()
