@@ -295,9 +295,12 @@ def cast_rows_fp8_to_bf16(
 # caller then sizes the scratch like the pool) and leave the row ids as they are.
 
 # Bounded grid: compact gathers move CHUNKS pieces of VEC elements per loop iteration, positional
-# ones ROWS whole rows; kernels.studies.serving_grid sweeps these on the GPU (512 pieces of 16, 32 programs
-# per SM, 8 warps was the best of 12 on the H200, 2026-11-30; kernels/BENCHMARKS.md section 6).
-LIVE_CONFIG = {"ROWS": 16, "CHUNKS": 512, "VEC": 16, "PROGRAMS_PER_SM": 32, "num_warps": 8}
+# ones ROWS whole rows; kernels.studies.serving_grid sweeps these on the GPU (kernels/BENCHMARKS.md
+# section 6). Pieces of 8: each thread loads a piece's 8 FP8 bytes and stores its 8 BF16 (16 bytes)
+# itself; with pieces of 16 Triton loads 16 bytes a thread but stores 16 bytes (8 BF16) a thread, so
+# the cast values were shuffled between threads through shared memory, with a barrier, every block
+# (1-2 % slower at every grid point on the H200, 2026-12-01 session 9).
+LIVE_CONFIG = {"ROWS": 16, "CHUNKS": 1024, "VEC": 8, "PROGRAMS_PER_SM": 32, "num_warps": 8}
 # Page-table index kernel: one program row per request, SPLIT programs each, BLOCK entries a step.
 PAGE_INDEX_CONFIG = {"BLOCK": 1024, "SPLIT": 8, "num_warps": 4}
 

@@ -321,6 +321,86 @@ if HAS_TRITON:
                 rb += tl.num_programs(0)
 
     @triton.jit
+    def _diag_gather_kernel(pool_ptr, rows_ptr, index_ptr, count_ptr, out_ptr, n_arg, pool_stride, out_stride,
+                            CHUNKS: tl.constexpr, VEC: tl.constexpr, INDEX_ROWS: tl.constexpr, DIM: tl.constexpr,
+                            COUNT: tl.constexpr, IDS: tl.constexpr, WRITE_INDEX: tl.constexpr):
+        """Diagnostic: _gather_live_kernel's compact loop (32-bit) with parts taken away, on row ids
+        0..n-1 (so every form gives the same output): COUNT, the live count read from count_ptr (else
+        n_arg from the launch); IDS, each piece's row id read from rows_ptr (else its row t itself);
+        WRITE_INDEX, index[t] = t. Which part of the chain costs what, against the contiguous cast."""
+        PIECES: tl.constexpr = DIM // VEC
+        if COUNT:
+            n = tl.load(count_ptr).to(tl.int32)
+        else:
+            n = n_arg
+        base = tl.program_id(0) * CHUNKS
+        k = base + tl.arange(0, CHUNKS)
+        t = k // PIECES
+        v = tl.arange(0, VEC)[None, :]
+        n_pieces = n * PIECES
+        step = tl.num_programs(0) * CHUNKS
+        while base < n_pieces:
+            mask = k < n_pieces
+            if IDS:
+                src = tl.load(rows_ptr + t, mask=mask, other=0)
+            else:
+                src = t
+            c = (k % PIECES) * VEC
+            x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None])
+            tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
+            if WRITE_INDEX:
+                first = tl.cdiv(base, PIECES)
+                end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
+                tt = first + tl.arange(0, INDEX_ROWS)
+                tl.store(index_ptr + tt, tt, mask=tt < end)
+            base += step
+            k = base + tl.arange(0, CHUNKS)
+            t = k // PIECES
+
+    @triton.jit
+    def _flat2d_gather_kernel(pool_ptr, rows_ptr, index_ptr, count_ptr, out_ptr, n_max, capacity, pool_stride,
+                              out_stride, PAGE: tl.constexpr, WRITE_INDEX: tl.constexpr, ROWS: tl.constexpr,
+                              CHUNKS: tl.constexpr, VEC: tl.constexpr, INDEX_ROWS: tl.constexpr, DIM: tl.constexpr,
+                              MAIN: tl.constexpr, TAIL: tl.constexpr):
+        """_gather_live_kernel (32-bit) with every piece index kept as a [CHUNKS, 1] column of the
+        [CHUNKS, VEC] tile rather than a 1-D vector broadcast into it, so that (with VEC 8: a load of 8
+        bytes and a store of 16 per piece in the same thread) no value crosses layouts (shared memory
+        and a barrier each) between the row ids, the loads and the stores."""
+        PIECES: tl.constexpr = DIM // VEC
+        n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max).to(tl.int32)
+        base = tl.program_id(0) * CHUNKS
+        v = tl.arange(0, VEC)[None, :]
+        if n <= capacity:
+            n_pieces = n * (PAGE * PIECES)
+            step = tl.num_programs(0) * CHUNKS
+            while base < n_pieces:
+                k = base + tl.arange(0, CHUNKS)[:, None]
+                t = k // PIECES
+                mask = k < n_pieces
+                if PAGE == 1:
+                    src = tl.load(rows_ptr + t, mask=mask, other=0)
+                else:
+                    src = tl.load(rows_ptr + t // PAGE, mask=mask, other=0) * PAGE + t % PAGE
+                c = (k % PIECES) * VEC
+                x = tl.load(pool_ptr + src * pool_stride + c + v, mask=mask)
+                tl.store(out_ptr + t * out_stride + c + v, _fp8_to_bf16(x), mask=mask)
+                if WRITE_INDEX:
+                    first = tl.cdiv(base, PIECES)
+                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
+                    tt = first + tl.arange(0, INDEX_ROWS)
+                    tl.store(index_ptr + tt, tt, mask=tt < end)
+                base += step
+        elif WRITE_INDEX:
+            rb = tl.program_id(0).to(tl.int64)
+            n_row_blocks = tl.cdiv(n, ROWS)
+            while rb < n_row_blocks:
+                i = rb * ROWS + tl.arange(0, ROWS)
+                live = i < n
+                used = tl.load(index_ptr + i, mask=live, other=0).to(tl.int64)
+                _move_rows(pool_ptr, out_ptr, used, used, live, pool_stride, out_stride, DIM, MAIN, TAIL)
+                rb += tl.num_programs(0)
+
+    @triton.jit
     def _candidate_move_pieces(pool_ptr, out_ptr, index_ptr, src, base, n_pieces, pool_stride, out_stride,
                      WRITE_INDEX: tl.constexpr, CHUNKS: tl.constexpr, VEC: tl.constexpr, INDEX_ROWS: tl.constexpr,
                      DIM: tl.constexpr):
@@ -594,6 +674,12 @@ def launch_study_gather(pool2d, rows, index, count, out2d, n_max, capacity, page
         _l2pf_gather_kernel[(_study_grid(pool2d, most, dim, vec, cfg),)](*args, IDS_PF=ids_pf, ROWS_PF=rows_pf,
                                                                           **kwargs)
         return
+    if var.get("kind") == "flat2d":
+        for key in ("PERSIST", "PREFETCH", "PIPE", "OFF32"):
+            kwargs.pop(key)
+        assert fits_32bit(pool2d, out2d, most, dim, vec), "the flat2d variant has 32-bit offsets only"
+        _flat2d_gather_kernel[(_study_grid(pool2d, most, dim, vec, cfg),)](*args, **kwargs)
+        return
     if var.get("stages"):
         for key in ("PERSIST", "PREFETCH", "PIPE", "OFF32"):
             kwargs.pop(key)
@@ -636,6 +722,21 @@ def _with_config(cfg: dict, fn):
 
 
 def study_rows(pool, rows, count, out, index, var: dict):
+    if var.get("kind") == "diag":  # row ids 0..n-1 only (time_variants' identity branch)
+        cfg = {**kv_cast.LIVE_CONFIG, **var.get("cfg", {})}
+        pool2d = _as_pool_2d(pool)
+        out2d = out.view(out.shape[0], -1)
+        dim = pool2d.shape[1]
+        vec = _piece(dim, cfg["VEC"])
+        n = var["_n"]  # the live count as a launch argument (set by time_variants: no sync in a graph)
+        most = min(index.numel(), out2d.shape[0])
+        grid = _study_grid(pool2d, most, dim, vec, cfg)
+        _diag_gather_kernel[(grid,)](pool2d, rows, index, count, out2d, n, pool2d.stride(0),
+                                     out2d.stride(0), CHUNKS=cfg["CHUNKS"], VEC=vec,
+                                     INDEX_ROWS=triton.next_power_of_2(triton.cdiv(cfg["CHUNKS"], dim // vec)),
+                                     DIM=dim, COUNT=var["count"], IDS=var["ids"], WRITE_INDEX=var["write_index"],
+                                     num_warps=cfg["num_warps"])
+        return out
     if var.get("kind") == "kv_cast":
         return _with_config(var.get("cfg", {}),
                             lambda: kv_cast.gather_cast_live_rows(pool, rows, count, out, index=index))
@@ -731,7 +832,27 @@ VARIANTS = {
     "l2pfl_rows05": {"l2pf": (False, True, 0.5, True)},
     "l2pfl_rows2": {"l2pf": (False, True, 2, True)},
     "l2pfl_rows1_pps16": {"l2pf": (False, True, 1, True), "cfg": {"PROGRAMS_PER_SM": 16}},
+    # 8-element pieces: a piece's 8-byte load and 16-byte store in one thread, so the cast data does
+    # not cross layouts (with 16, Triton loads 16 per thread and stores 8: a shared-memory shuffle)
+    "kv_cast_v16_c512": {"kind": "kv_cast", "cfg": {"VEC": 16, "CHUNKS": 512}},  # LIVE_CONFIG before session 9
+    "candidate_v8_c1024_pps32": {"kind": "candidate", "cfg": {"PROGRAMS_PER_SM": 32, "VEC": 8, "CHUNKS": 1024}},
+    "kv_cast_v8_c512": {"kind": "kv_cast", "cfg": {"VEC": 8, "CHUNKS": 512}},
+    "kv_cast_v8_c1024": {"kind": "kv_cast", "cfg": {"VEC": 8, "CHUNKS": 1024}},
+    "kv_cast_v8_c1024_pps16": {"kind": "kv_cast", "cfg": {"VEC": 8, "CHUNKS": 1024, "PROGRAMS_PER_SM": 16}},
+    "kv_cast_v8_c2048": {"kind": "kv_cast", "cfg": {"VEC": 8, "CHUNKS": 2048}},
+    "flat2d_v8_c512": {"kind": "flat2d", "cfg": {"VEC": 8, "CHUNKS": 512}},
+    "flat2d_v8_c1024": {"kind": "flat2d", "cfg": {"VEC": 8, "CHUNKS": 1024}},
+    "flat2d_v16_c512": {"kind": "flat2d"},
+    "candidate_v8_c1024": {"kind": "candidate", "cfg": {"PROGRAMS_PER_SM": 16, "VEC": 8, "CHUNKS": 1024}},
     # diagnostic: the kernel as it is on contiguous row ids (0..n-1): the gather without the scatter
+    "diag_full": {"kind": "diag", "identity": True, "count": True, "ids": True, "write_index": True},
+    "diag_nocount": {"kind": "diag", "identity": True, "count": False, "ids": True, "write_index": True},
+    "diag_noids": {"kind": "diag", "identity": True, "count": True, "ids": False, "write_index": True},
+    "diag_noindex": {"kind": "diag", "identity": True, "count": True, "ids": True, "write_index": False},
+    "diag_bare": {"kind": "diag", "identity": True, "count": False, "ids": False, "write_index": True},
+    "diag_bare_noindex": {"kind": "diag", "identity": True, "count": False, "ids": False, "write_index": False},
+    "diag_bare_noindex_w4": {"kind": "diag", "identity": True, "count": False, "ids": False, "write_index": False,
+                             "cfg": {"CHUNKS": 256, "num_warps": 4}},
     "kv_cast_identity": {"kind": "kv_cast", "identity": True},
     # grid stride (not equal ranges) with the next block's row ids loaded before this block's store,
     # 32-bit: over exactly the resident programs, or a fixed number per SM
@@ -828,6 +949,7 @@ def time_variants(log, out_dir: Path, names: list[str]) -> dict:
             var = VARIANTS[name]
             cell = {}
             if var.get("identity"):  # rows path on row ids 0..n-1 (contiguous), exact against pool[:n]
+                var = {**var, "_n": pt.live_rows}
                 ids = torch.arange(pt.index.numel(), dtype=torch.int32, device=dev)
                 id_rows, id_index = ids[: pt.rows_capacity()].clone(), ids.clone()
                 for tname, tm in (("cold", timer), ("kernel", kt)):
@@ -895,7 +1017,8 @@ def describe_compiled() -> list[dict]:
     """Registers, spills, shared memory and resident programs per SM of every compiled live kernel."""
     rows = []
     for kernel in (kv_cast._gather_live_kernel, _candidate_gather_kernel, _early_gather_kernel, _study_gather_kernel,
-                   _pipelined_gather_kernel, _l2pf_gather_kernel):
+                   _pipelined_gather_kernel, _l2pf_gather_kernel, _diag_gather_kernel,
+                   _flat2d_gather_kernel):
         for cache in kernel.device_caches.values():
             for compiled in cache[0].values():
                 compiled._init_handles()
@@ -952,6 +1075,8 @@ def main(argv=None) -> int:
         kv_cast.LIVE_CONFIG.update(ROWS=8)
     bad = {}
     for name in names:
+        if VARIANTS[name].get("kind") == "diag":  # row ids 0..n-1 only: checked at every point instead
+            continue
         try:
             f = check_variant(name, VARIANTS[name], dev, tokens=512 if args.smoke else 40_960)
         except Exception as e:  # a variant that does not compile is dropped, the others still run

@@ -65,7 +65,8 @@ BATCH_SIZES = (1, 8, 32, 128)
 CONTEXTS = (1024, 8192, 32_768)
 FLUSH_BYTES = 256 << 20  # > the H200's 50 MB L2, several times over
 SWEEP = [{"PROGRAMS_PER_SM": k, "CHUNKS": c, "VEC": v, "num_warps": w}
-         for k in (8, 16, 32) for c, v, w in ((128, 16, 4), (256, 16, 4), (512, 16, 8), (256, 32, 4))]
+         for k in (8, 16, 32) for c, v, w in ((128, 16, 4), (256, 16, 4), (512, 16, 8), (256, 32, 4),
+                                              (1024, 8, 8), (2048, 8, 8))]
 SWEEP_POINTS = ((1_048_576, 32, 1024), (1_048_576, 128, 8192))
 
 
