@@ -43,7 +43,11 @@ RANK_FIELDS = ["rank", "device_name", "steps", "step_ms_median", "busy_ms_median
 
 def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
     """The run's figures for one rank (by default its first: the only one of a single trace,
-    whatever its rank), with the run's notes and, for a multi-rank run, one row per rank."""
+    whatever its rank), with the run's notes and, for a multi-rank run, one row per rank.
+
+    The run row holds its first rank's step figures and copy share; for another rank they are
+    that rank's (its rank_stats row; the copy share from its kernels). Consistency, patterns and
+    the timeline are checked at import on the first rank only: `checked_rank` says which."""
     run = store.get_run(run_id)
     if run is None:
         raise IngestError(f"{store.path}: no run with id {run_id}")
@@ -61,13 +65,23 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
     # the run row names a missing repo, variant or GPU '' (as pages do); the report says null
     names = {"id": run["run_id"], "repo": run["repo"] or None, "commit": run["sha"], "variant": run["variant"] or None,
              "device": run["device"] or None}
+    figures = {k: _clean(run[k]) for k in ("steps", "step_method", "step_ms_median", "tok_per_s")}
+    copy_share = _clean(run["copy_share"])
+    if rank != first_rank:  # the run row is its first rank's: this rank's own step figures and copy share
+        from .traces.categories import COPY_CATEGORIES
+        mine = next(r for r in ranks if r["rank"] == rank)
+        figures |= {"steps": mine["steps"], "step_ms_median": _clean(mine["step_ms_median"])}
+        total = sum(k["total_us"] for k in kernels)
+        copy_share = sum(k["total_us"] for k in kernels if k["category"] in COPY_CATEGORIES) / total if total else None
     return {
         "run": {k: _clean(v) for k, v in names.items()}
-               | {k: _clean(run[k]) for k in ("steps", "step_method", "step_ms_median", "tok_per_s")}
+               | figures
                | {"layers": _clean(run["layers"]), "ranks": run["ranks"], "rank": rank,
                   "kernels_from_cpu_ops": run["kernels_from_cpu_ops"]},
         "notes": run["notes"],
-        "copy_share": _clean(run["copy_share"]),
+        "copy_share": _clean(copy_share),
+        # the rank consistency, patterns and timeline were checked on at import (the run's first)
+        "checked_rank": first_rank,
         "categories": _records(cats, ["category", "ms_per_step", "share"]),
         "kernels": _records(kernels, KERNEL_FIELDS),
         "per_rank": _records(ranks, RANK_FIELDS) if len(ranks) > 1 else [],
@@ -164,6 +178,8 @@ def format_report(report: dict, top: int = 15) -> str:
         f"device {r['device'] or '-'}  steps {r['steps']} ({r['step_method']})  rank {r['rank']} of {r['ranks']}",
         f"step {_fmt(r['step_ms_median'], '.3f')} ms (median)  tok/s {_fmt(r['tok_per_s'], '.2f')}"
         f"  copy share {_fmt(report['copy_share'] and 100 * report['copy_share'], '.1f')} %",
+        *([f"consistency, patterns and timeline: checked at import on rank {report['checked_rank']}, "
+            f"the run's first, not on rank {r['rank']}"] if report.get("checked_rank", r["rank"]) != r["rank"] else []),
         *format_consistency(report["consistency"]),
         *format_attribution(report.get("graph_attribution")),
         *_wrapped(format_roofs(report.get("roofline")), ""),

@@ -38,6 +38,11 @@ _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _SPAN_NAME = re.compile(r"^step\[")
 _DECODE_SPAN = re.compile(r"^step\[DECODE\b")
 _GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
+# runtime / driver calls that launch kernels (CUDA and HIP): cudaLaunchKernel, cuLaunchKernel,
+# cudaLaunchKernelExC, cudaLaunchCooperativeKernel, hipLaunchKernel, hipExtModuleLaunchKernel, cudaGraphLaunch
+_KERNEL_LAUNCH = re.compile(r"\w*(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
+# stream capture into a CUDA / HIP graph: launches between these record kernels, they do not run them
+_CAPTURE = re.compile(r"^(cuda|hip|cu)StreamBeginCapture")
 # a Python frame as torch names it, `file(line): function`; the file need not end in .py (a script
 # run as `python bench`, code compiled from a string, a notebook cell `<ipython-input-3-...>`)
 _SOURCE_LINE = re.compile(r"\(\d+\): \S")
@@ -65,6 +70,11 @@ class Kernels:
     query_thread: np.ndarray | None = None  # thread of the launch (or of the kernel when unlinked)
     op_event: np.ndarray | None = None  # the launching op's event (-1 none: a graph replay, no launch, CPU-only)
     from_graph: np.ndarray | None = None  # bool: replayed from a CUDA graph (launched by cudaGraphLaunch)
+    # bool: launched before (or after) the recorded window: no launch in the file, and a correlation id
+    # below (above) every launch the file holds; in no step (assign_steps)
+    outside_window: np.ndarray | None = None
+    unrun_launches: int = 0  # kernel launches in the trace with no GPU activity of theirs in it
+    captures: int = 0  # stream captures into a graph begun in the trace (cudaStreamBeginCapture, ...)
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,10 @@ def find_rank(trace: RawTrace) -> int:
 
 
 def find_device_name(trace: RawTrace) -> str | None:
+    """The first GPU's name in deviceProperties (Kineto since 2022), or computeProperties (before)."""
     props = trace.header.get("deviceProperties")
+    if not isinstance(props, list):
+        props = trace.header.get("computeProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
         name = props[0].get("name")
         return name if isinstance(name, str) else None
@@ -244,6 +257,9 @@ def link_kernels(trace: RawTrace) -> Kernels:
     gpu, ops = gpu[sane[gpu]], ops[sane[ops]]
     op_nest = Nesting.build(trace.thread_id[ops], trace.ts_us[ops], trace.ts_us[ops] + trace.dur_us[ops])
 
+    runtime = np.flatnonzero((kind == K["cuda_runtime"]) | (kind == K["cuda_driver"]))
+    kernel_launches = runtime[_names_matching(trace, _KERNEL_LAUNCH)[trace.name_id[runtime]]]
+    captures = int(_names_matching(trace, _CAPTURE)[trace.name_id[runtime]].sum())
     if len(gpu) == 0:
         if len(ops) == 0:
             raise TraceError(trace.path, "has no GPU kernels and no CPU ops to measure")
@@ -274,7 +290,8 @@ def link_kernels(trace: RawTrace) -> Kernels:
         source = _python_sources(trace, frames, trace.thread_id[ev], trace.ts_us[ev])
         return Kernels(ev, trace.ts_us[ev], self_us[order], trace.ts_us[ev], names[trace.name_id[ev]],
                        source, nbytes, mixed, True, set_aside, dtypes, trace.thread_id[ev],
-                       from_graph=np.zeros(len(ev), bool))
+                       from_graph=np.zeros(len(ev), bool), outside_window=np.zeros(len(ev), bool),
+                       unrun_launches=len(kernel_launches), captures=captures)
 
     gpu = gpu[np.argsort(trace.ts_us[gpu], kind="stable")]
     launches = np.flatnonzero(((kind == K["cuda_runtime"]) | (kind == K["cuda_driver"])) & (trace.correlation >= 0))
@@ -287,6 +304,17 @@ def link_kernels(trace: RawTrace) -> Kernels:
     # (a trace recorded with activities=[CUDA] only has kernels and no launches at all)
     launch = np.full(len(gpu), -1, np.int64)
     launch[linked] = launches[j[linked]]
+    # Correlation ids count up through the process's launches, so a kernel with an id but no
+    # launch in the file, below every launch the file holds, was launched before the profiler's
+    # window opened (it was still queued, or CUPTI flushed it late): it belongs to an iteration
+    # the trace does not hold. Above every launch: launched after the window closed. (Only where
+    # some kernel is linked: with none linked the ids say nothing about the window.)
+    outside = np.zeros(len(gpu), bool)
+    if linked.any():
+        outside = ~linked & (kcorr > 0) & ((kcorr < lcorr[0]) | (kcorr > lcorr[-1]))
+    has_kernel = np.zeros(len(kind), bool)
+    has_kernel[launch[linked]] = True
+    unrun = int((~has_kernel[kernel_launches]).sum())
 
     lthread = trace.thread_id[np.maximum(launch, 0)]
     lts = trace.ts_us[np.maximum(launch, 0)]
@@ -314,7 +342,8 @@ def link_kernels(trace: RawTrace) -> Kernels:
     query = np.where(linked, lts, trace.ts_us[gpu])
     return Kernels(gpu, trace.ts_us[gpu], trace.dur_us[gpu], query, launcher.astype(object), source,
                    nbytes, mixed, False, set_aside, dtypes, np.where(linked, lthread, trace.thread_id[gpu]),
-                   op_event=op_event, from_graph=from_graph)
+                   op_event=op_event, from_graph=from_graph, outside_window=outside, unrun_launches=unrun,
+                   captures=captures)
 
 
 @dataclass(frozen=True)
@@ -484,19 +513,27 @@ def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> 
     has any: prefill and draft forwards are not decode steps), else one step per CUDA-graph
     launch, else the whole profiled window as one step. A kernel belongs to the step whose host
     span holds its launch; kernels launched outside every step are kept (in the kernel table)
-    and reported as between steps.
+    and reported as between steps, and so are kernels launched outside the recorded window
+    (Kernels.outside_window), whatever the method but given steps: their GPU time may fall inside
+    a step's, but their iteration is not in the trace.
 
     A step's time is its GPU time: from its first kernel's start to its last kernel's end (what
     Kineto's gpu_user_annotation copy of a span covers), not the host span, which under CUDA
     graphs covers only the launch of the replay. A step without kernels keeps its host span;
     a CPU-only trace, whose CPU ops are the activity, is timed by its host spans."""
     method, step, host_us, notes = _find_steps(trace, kernels, given_steps)
+    outside = kernels.outside_window
+    # (were every kernel outside, the window would hold nothing: keep the placing by time then)
+    if outside is not None and method != "given" and outside.any() and not outside.all():
+        step = np.where(outside, -1, step)
     if method in ("profiler-step", "span") and len(step) and not (step >= 0).any():
         # markers that hold none of the kernels (zero-length, or far from them) time nothing:
         # read the trace as one step rather than report empty steps
         notes = [f"its {len(host_us)} step markers ({method}) hold none of its kernels (zero-length or far from "
                  "them): the whole profiled window is read as one step instead"]
         method, step, host_us = "whole-trace", np.zeros(len(step), np.int64), np.full(1, math.nan)
+        if outside is not None and outside.any() and not outside.all():
+            step = np.where(outside, -1, step)
     n = len(host_us)
     wall = host_us.copy()
     if not kernels.from_cpu_ops or np.isnan(wall).any():
@@ -716,6 +753,9 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         impossible = stats["gbps"] > 1.05 * peak
         stats["bytes_per_call"][impossible] = math.nan
         stats["gbps"][impossible] = math.nan
+    if kernels.from_cpu_ops and kernels.unrun_launches:
+        # a GPU workload profiled without its kernels: an op's host time is its dispatch, not its traffic
+        stats["gbps"] = np.full(n_groups, math.nan)
     stats["peak_fraction"] = stats["gbps"] / peak if peak else np.full(n_groups, math.nan)
     # largest time first, then by name; groups of equal time and name in the order they appeared
     _, name_rank = np.unique(stats["name"], return_inverse=True)
@@ -737,10 +777,31 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
     wall_total = float(steps.wall_us.sum())
     between = ~in_step
     notes = list(steps.notes)
-    if between.any():
+    outside = kernels.outside_window if kernels.outside_window is not None else np.zeros(len(dur), bool)
+    outside = outside & between
+    if outside.any():
+        notes.append(f"{int(outside.sum())} kernels ({float(dur[outside].sum()) / 1e3:.3f} ms) were launched outside "
+                     "the recorded window (no launch in the file; their correlation ids lie below or above every "
+                     "launch it holds): counted in the kernel table's calls and time, in no step, though they ran "
+                     "while the window was open")
+    if (between & ~outside).any():
         unit = "CPU ops" if kernels.from_cpu_ops else "kernels"
-        notes.append(f"{int(between.sum())} {unit} ({float(dur[between].sum()) / 1e3:.3f} ms) ran between steps: "
+        gap = between & ~outside
+        notes.append(f"{int(gap.sum())} {unit} ({float(dur[gap].sum()) / 1e3:.3f} ms) ran between steps: "
                      "counted in the kernel table's calls and time, not in any step")
+    if kernels.from_cpu_ops and kernels.unrun_launches:
+        notes.append(f"its {kernels.unrun_launches} kernel launches (cudaLaunchKernel, hipLaunchKernel, ...) have no GPU "
+                     "kernel in the trace (profiled without the CUDA activity, or the GPU records were lost): the "
+                     "figures are the CPU ops' self time, which for a GPU op is its dispatch, not its kernels' time; "
+                     "no GB/s is given")
+    if kernels.captures:
+        unrun = (f"; {kernels.unrun_launches} kernel launches here have no kernel of theirs (captured, not run)"
+                 if kernels.unrun_launches and not kernels.from_cpu_ops else "")
+        captures = "1 stream capture" if kernels.captures == 1 else f"{kernels.captures} stream captures"
+        notes.append(f"the trace records {captures} into a CUDA/HIP graph "
+                     f"(cudaStreamBeginCapture, ...){unrun}: a capture records kernels without running them, so "
+                     "its figures are not those of the graph's replays; profile the replays (SGLang: not "
+                     "--enable-profile-cuda-graph)")
     if not kernels.from_cpu_ops and len(kernels.event) and not (kernels.launcher != "").any():
         notes.append("no kernel could be linked to its launch (the trace has no correlation ids or no launch "
                      "events, e.g. profiled with activities=[CUDA] only): launcher and Python source are unknown, "

@@ -164,6 +164,10 @@ SOURCES = [
     _hta("trace_diff/control/control.json.gz", "trace_diff__control.json.gz", 3,
          "distributedInfo.rank 3 of 8 with kernels on device 3; async_cpu_to_gpu flows",
          Window(r"ProfilerStep#1010$")),
+    _hta("trace_diff/test/test.json.gz", "trace_diff__test.json.gz", 1,
+         "DDP on 2 V100s (rank 1): 614 GPU activities (56.5 ms) in the original have no launch in the file and "
+         "correlation ids below its first launch, yet run inside ProfilerStep#1009: launched before the window",
+         Window(r"ProfilerStep#1009$")),
     # -- AMD TraceLens (MIT) --
     _tl("traces/mi210/gpu_only_trace/gpu_only_trace.json.gz", "mi210__gpu_only_trace.json.gz", 0,
         "AMD MI210: kernels and HIP runtime events (hipLaunchKernel, hipExtModuleLaunchKernel) but no cpu_op "
@@ -198,6 +202,14 @@ SOURCES = [
         "MI300X DDP training with activation checkpointing: memcpy/memset, fwdbwd flows; a quarter of the GPU "
         "activities have no launch event in the file (968 of 3653 in the original)",
         Window(r"ProfilerStep#16$")),
+    _tl("traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", "h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 0,
+        "H100 inference, one ProfilerStep: 509 of its 1,707 GPU activities (13.7 ms) have no launch in the file "
+        "and correlation ids below its first launch (launched before the window), most of them running "
+        "inside the step", Window(r"ProfilerStep#6$")),
+    _tl("traces/inference/sglang_decode/capture_traces/bs_32_rank0.json.gz",
+        "sglang_decode__capture_traces__bs_32_rank0.json.gz", 0,
+        "SGLang's CUDA-graph capture on MI300X (`capture_32_DECODE`, hipStreamBeginCapture): hundreds of "
+        "hipLaunchKernel / hipExtModuleLaunchKernel calls captured, 2 kernels run", Window(r"ProfilerStep#134$")),
     _tl("traces/b200/eager_trace.json.gz", "b200__eager_trace.json.gz", 0,
         "B200, rank 0 of 8 (pg_config of 71 process groups in distributedInfo); no ProfilerStep", Window()),
     _tl("traces/inference/sglang_decode/capture_traces/execution_details.json",
@@ -218,6 +230,9 @@ SOURCES = [
     _kineto(KINETO_2021_01, "resnet50_autograd_api_num_workers_4/worker0.pt.trace.json.gz",
             "resnet50_autograd_api_num_workers_4__worker0.pt.trace.json.gz",
             "torch 1.8-era layout profiled with the autograd API: no ProfilerStep", Window()),
+    Source(KINETO, KINETO_2021_06, "tb_plugin/test/gpu_metrics_input.json", "kineto__test__gpu_metrics_input.json.gz",
+           0, "the tb_plugin's own test input (V100): the device in `computeProperties`, the key Kineto wrote "
+           "before `deviceProperties`; one ProfilerStep", Window(r"ProfilerStep#\d+$")),
     _kineto(KINETO_2021_06, "resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz",
             "resnet50_num_workers_4__worker0.1623212756351.pt.trace.json.gz",
             "torch 1.9-era layout: as above plus instant events and `Call stack` strings",

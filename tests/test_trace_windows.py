@@ -1,0 +1,167 @@
+"""What a trace holds beyond its steps, on real traces of other projects (tests/data/wild, see its
+SOURCES.md), each figure checked against a count taken straight from the JSON:
+
+- kernels launched before the profiler's window opened (no launch in the file, a correlation id
+  below every launch it holds) that still run while it is open: in the kernel table, in no step
+  (an H100 inference trace from AMD TraceLens, a V100 DDP trace from Holistic Trace Analysis);
+- `ingest report --rank N` of a multi-rank run: that rank's step time and copy share, not the
+  first rank's (two ranks of HTA's trace_diff DDP job imported as one directory);
+- a trace of SGLang's CUDA-graph capture (MI300X, TraceLens): said to be a capture;
+- a GPU run profiled without its kernels (HTA's CUPTI range-profiler trace): said so, and no GB/s
+  from a launching op's host time;
+- the device of a Kineto file older than `deviceProperties` (`computeProperties`, the tb_plugin's
+  own test input).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import math
+import re
+import shutil
+
+import pytest
+
+from ingest.cli import main
+from ingest.traces.analyse import analyse_trace
+from ingest.traces.categories import COPY_CATEGORIES, load_rule_chain
+from ingest.traces.trace_read import read_trace
+from tests.helpers import DATA
+
+WILD = DATA / "wild"
+RULES = load_rule_chain()
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+KERNEL_LAUNCH = re.compile(r"\w*(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
+
+
+def _events(path) -> list[dict]:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)["traceEvents"]
+
+
+def _corr(e: dict):
+    args = e.get("args")
+    return args.get("correlation") if isinstance(args, dict) else None
+
+
+def _window_reference(events: list[dict]) -> dict:
+    """Straight from the JSON: the GPU activities launched before (or after) the window, and the
+    one ProfilerStep's kernels -- those whose launch lies in its span -- as GPU time and kernel time;
+    also what the step would hold if the early kernels were placed by their GPU start instead."""
+    launches = {_corr(e): e["ts"] for e in events if e.get("cat") in LAUNCH_CATS and _corr(e) is not None}
+    lo_corr, hi_corr = min(launches), max(launches)
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    outside = [k for k in gpu if _corr(k) not in launches and _corr(k) and not lo_corr <= _corr(k) <= hi_corr]
+    (step,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    mine = [k for k in gpu if _corr(k) in launches and lo <= launches[_corr(k)] <= hi]
+    early_in_span = [k for k in outside if lo <= k["ts"] <= hi]
+    return {"gpu": len(gpu), "outside": len(outside), "outside_us": sum(k["dur"] for k in outside),
+            "wall_us": max(k["ts"] + k["dur"] for k in mine) - min(k["ts"] for k in mine),
+            "kernel_us": sum(k["dur"] for k in mine),
+            "kernel_us_by_start": sum(k["dur"] for k in mine) + sum(k["dur"] for k in early_in_span)}
+
+
+@pytest.mark.parametrize("name", ["tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+                                  "hta__trace_diff__test.json.gz"])
+def test_kernels_launched_before_the_window_are_in_the_table_but_in_no_step(name):
+    path = WILD / name
+    ref = _window_reference(_events(path))
+    # real and large: hundreds of kernels, and placed by their start they would swell the step
+    assert ref["outside"] > 400
+    assert ref["kernel_us_by_start"] > 1.3 * ref["kernel_us"]
+    f = analyse_trace(read_trace(str(path)), RULES)
+    assert (f.step_method, f.steps) == ("profiler-step", 1)
+    assert f.step_table["kernel_us"][0] == pytest.approx(ref["kernel_us"], rel=1e-9)
+    assert f.step_table["wall_us"][0] == pytest.approx(ref["wall_us"], rel=1e-9)
+    assert f.step_ms_median == pytest.approx(ref["wall_us"] / 1e3, rel=1e-9)
+    assert f.gpu_busy_share <= 1.0
+    # every kernel is still counted in the kernel table, as key_averages() counts it
+    assert f.kernel_stats["calls"].sum() == ref["gpu"]
+    assert f.kernel_us_total == pytest.approx(sum(e["dur"] for e in _events(path) if e.get("cat") in GPU_CATS))
+    assert f.between_steps_kernels >= ref["outside"]
+    note = f"{ref['outside']} kernels ({ref['outside_us'] / 1e3:.3f} ms) were launched outside the recorded window"
+    assert any(n.startswith(note) for n in f.notes), f.notes
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def test_report_of_a_rank_shows_that_ranks_step_and_copy_share(tmp_path):
+    # two ranks of one DDP job (HTA's trace_diff: control is rank 3, test rank 1), one directory
+    run_dir = tmp_path / "ddp"
+    run_dir.mkdir()
+    for name in ("hta__trace_diff__control.json.gz", "hta__trace_diff__test.json.gz"):
+        shutil.copy(WILD / name, run_dir / name)
+    db = str(tmp_path / "r.duckdb")
+    assert _cli(["import", str(run_dir), "--db", db])[0] == 0
+    code, out = _cli(["report", "1", "--db", db, "--json"])
+    first = json.loads(out)
+    per_rank = {r["rank"]: r for r in first["per_rank"]}
+    assert first["run"]["rank"] == 1 and sorted(per_rank) == [1, 3]
+    code, out = _cli(["report", "1", "--db", db, "--json", "--rank", "3"])
+    assert code == 0
+    third = json.loads(out)
+    assert third["run"]["rank"] == 3
+    assert third["run"]["step_ms_median"] == per_rank[3]["step_ms_median"] != per_rank[1]["step_ms_median"]
+    assert third["run"]["steps"] == per_rank[3]["steps"]
+    # the copy share of rank 3's own kernels (the run row holds rank 1's)
+    total = sum(k["total_us"] for k in third["kernels"])
+    copies = sum(k["total_us"] for k in third["kernels"] if k["category"] in COPY_CATEGORIES)
+    assert third["copy_share"] == pytest.approx(copies / total, rel=1e-12)
+    assert abs(third["copy_share"] - first["copy_share"]) > 0.03
+    assert third["checked_rank"] == first["checked_rank"] == 1
+    code, text = _cli(["report", "1", "--db", db, "--rank", "3"])
+    assert f"step {per_rank[3]['step_ms_median']:.3f} ms (median)" in text
+    assert f"copy share {100 * third['copy_share']:.1f} %" in text
+    assert "checked at import on rank 1, the run's first, not on rank 3" in text
+    assert "checked at import" not in _cli(["report", "1", "--db", db])[1]
+
+
+def test_a_graph_capture_trace_says_it_is_one():
+    path = WILD / "tracelens__sglang_decode__capture_traces__bs_32_rank0.json.gz"
+    events = _events(path)
+    captures = [e for e in events if e.get("cat") in LAUNCH_CATS and re.match(r"(cuda|hip|cu)StreamBeginCapture",
+                                                                             e["name"])]
+    ran = {_corr(e) for e in events if e.get("cat") in GPU_CATS}
+    launches = [e for e in events if e.get("cat") in LAUNCH_CATS and KERNEL_LAUNCH.match(e["name"])]
+    unrun = [e for e in launches if _corr(e) not in ran]
+    assert len(captures) == 1 and len(unrun) > 30 and len(ran) < 5
+    f = analyse_trace(read_trace(str(path)), RULES)
+    (note,) = [n for n in f.notes if "stream capture" in n]
+    assert note.startswith(f"the trace records 1 stream capture into a CUDA/HIP graph (cudaStreamBeginCapture, ...); "
+                           f"{len(unrun)} kernel launches here have no kernel of theirs (captured, not run)")
+    # an ordinary decode trace of the same project says nothing of the kind
+    decode = analyse_trace(read_trace(str(WILD / "tracelens__sglang_decode__sglang_Qwen3-8B_decode.json.gz")), RULES)
+    assert not any("capture" in n for n in decode.notes)
+
+
+def test_a_gpu_run_profiled_without_its_kernels_says_so_and_gives_no_bandwidth():
+    path = WILD / "hta__cupti_profiler__benchmark_result_924719_1679055439_trace.json.gz"
+    events = _events(path)
+    launches = [e for e in events if e.get("cat") in LAUNCH_CATS and KERNEL_LAUNCH.match(e["name"])]
+    assert launches and not any(e.get("cat") in GPU_CATS for e in events)
+    f = analyse_trace(read_trace(str(path)), RULES)
+    assert f.kernels_from_cpu_ops
+    assert any(n.startswith(f"its {len(launches)} kernel launches (cudaLaunchKernel, hipLaunchKernel, ...) have no "
+                            "GPU kernel in the trace") for n in f.notes), f.notes
+    assert all(math.isnan(g) for g in f.kernel_stats["gbps"])
+    # a CPU-only run (gloo, no GPU at all) is not told it lost kernels
+    cpu = analyse_trace(read_trace(str(WILD / "hta__cpu_only__rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")), RULES)
+    assert cpu.kernels_from_cpu_ops and not any("kernel launches" in n for n in cpu.notes)
+
+
+def test_the_device_of_a_kineto_file_older_than_device_properties():
+    path = WILD / "kineto__test__gpu_metrics_input.json.gz"
+    header = json.loads(gzip.decompress(path.read_bytes()))
+    assert "deviceProperties" not in header
+    f = analyse_trace(read_trace(str(path)), RULES)
+    assert f.device_name == header["computeProperties"][0]["name"] == "Tesla V100-DGXS-32GB"
