@@ -790,8 +790,8 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         notes.append(f"{int(gap.sum())} {unit} ({float(dur[gap].sum()) / 1e3:.3f} ms) ran between steps: "
                      "counted in the kernel table's calls and time, not in any step")
     if kernels.from_cpu_ops and kernels.unrun_launches:
-        notes.append(f"its {kernels.unrun_launches} kernel launches (cudaLaunchKernel, hipLaunchKernel, ...) have no GPU "
-                     "kernel in the trace (profiled without the CUDA activity, or the GPU records were lost): the "
+        notes.append(f"its {kernels.unrun_launches} kernel launches (cudaLaunchKernel, hipLaunchKernel, ...) have no "
+                     "GPU kernel in the trace (profiled without the CUDA activity, or the GPU records were lost): the "
                      "figures are the CPU ops' self time, which for a GPU op is its dispatch, not its kernels' time; "
                      "no GB/s is given")
     if kernels.captures:
