@@ -15,6 +15,7 @@ from typing import Any
 from db.store import Store, open_db
 
 from .errors import IngestError
+from .traces.categories import COPY_CATEGORIES
 
 KERNEL_FIELDS = ["name", "category", "launcher", "source", "calls", "calls_per_step", "total_us",
                  "mean_us", "median_us", "ms_per_step", "share", "bytes_per_call", "gbps", "peak_fraction",
@@ -68,7 +69,6 @@ def build_report(store: Store, run_id: int, rank: int | None = None) -> dict:
     figures = {k: _clean(run[k]) for k in ("steps", "step_method", "step_ms_median", "tok_per_s")}
     copy_share = _clean(run["copy_share"])
     if rank != first_rank:  # the run row is its first rank's: this rank's own step figures and copy share
-        from .traces.categories import COPY_CATEGORIES
         mine = next(r for r in ranks if r["rank"] == rank)
         figures |= {"steps": mine["steps"], "step_ms_median": _clean(mine["step_ms_median"])}
         total = sum(k["total_us"] for k in kernels)
