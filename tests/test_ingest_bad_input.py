@@ -61,11 +61,15 @@ def _case_files(tmp):
     os.symlink(tmp / "nowhere.json", tmp / "dangling.json")
     return [
         ("empty file", _write(tmp / "empty.json", b""), [], "is empty"),
-        ("plain text", _write(tmp / "text.json", "hello, this is not a trace"), [], "not JSON"),
-        ("random bytes", _write(tmp / "noise.json", bytes(range(256)) * 4), [], "not JSON"),
+        ("plain text", _write(tmp / "text.json", "hello, this is not a trace"), [], "is not a trace: it starts with"),
+        ("random bytes", _write(tmp / "noise.json", bytes(range(256)) * 4), [], "is not a trace: it starts with"),
         ("truncated gzip", _write(tmp / "cut.json.gz", good_gz[: len(good_gz) // 2]), [], "truncated"),
-        ("gzip of text", _write(tmp / "text.json.gz", gzip.compress(b"hello")), [], "not JSON"),
-        ("top-level array", _write(tmp / "array.json", "[1, 2, 3]"), [], "not JSON"),
+        ("gzip of text", _write(tmp / "text.json.gz", gzip.compress(b"hello")), [], "is not a trace: it starts with"),
+        # a top-level array is Chrome's JSON Array Format (the events themselves): these are not events
+        ("top-level array", _write(tmp / "array.json", "[1, 2, 3]"), [], "traceEvents[0]: Expected object"),
+        ("open array", _write(tmp / "open.json", text[text.index("[", text.index('"traceEvents"')):
+                                                       text.rindex("]")].rstrip().rstrip(",")), [],
+         "array of events does not end with ']'"),
         ("no traceEvents", _write(tmp / "nokey.json", '{"schemaVersion": 1}'), [], "no 'traceEvents'"),
         ("traceEvents not a list", _write(tmp / "notlist.json", '{"traceEvents": 5}'), [], "not an array"),
         ("no events", _write(tmp / "noevents.json", '{"traceEvents": []}'), [], "no events"),

@@ -10,7 +10,9 @@ SOURCES.md), each figure checked against a count taken straight from the JSON:
 - a GPU run profiled without its kernels (HTA's CUPTI range-profiler trace): said so, and no GB/s
   from a launching op's host time;
 - the device of a Kineto file older than `deviceProperties` (`computeProperties`, the tb_plugin's
-  own test input).
+  own test input);
+- a file that is the events array itself (Chrome's JSON Array Format, as Kineto wrote its samples
+  in December 2020): read as the same events in an object.
 """
 
 from __future__ import annotations
@@ -165,3 +167,19 @@ def test_the_device_of_a_kineto_file_older_than_device_properties():
     assert "deviceProperties" not in header
     f = analyse_trace(read_trace(str(path)), RULES)
     assert f.device_name == header["computeProperties"][0]["name"] == "Tesla V100-DGXS-32GB"
+
+
+def test_a_trace_that_is_the_events_array_reads_as_the_same_events_in_an_object(tmp_path):
+    path = WILD / "kineto__2020__resnet50_num_workers_0__worker0.pt.trace.json.gz"
+    text = gzip.decompress(path.read_bytes())
+    assert text.lstrip().startswith(b"[")
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_bytes(b'{"traceEvents": ' + text + b"}")
+    got, want = (analyse_trace(read_trace(str(p)), RULES) for p in (path, wrapped))
+    assert (got.steps, got.step_method, got.step_ms_median) == (want.steps, want.step_method, want.step_ms_median)
+    assert got.steps == 1 and got.step_ms_median > 50
+    for column in ("name", "calls", "total_us", "launcher"):
+        assert list(got.kernel_stats[column]) == list(want.kernel_stats[column])
+    events = json.loads(text)
+    assert got.kernel_stats["calls"].sum() == sum(1 for e in events if str(e.get("cat", "")).lower()
+                                                   in ("kernel", "memcpy", "memset", "gpu_memcpy", "gpu_memset"))

@@ -13,6 +13,7 @@ eye and so that it and stepwatch's reader can disagree when either one is wrong.
   that ends when another starts is over). As torch's key_averages() does, an op whose parent has
   the same name and no other child is folded into that parent: its self time is added to the
   parent's and it is not a call of its own (aten::sum calling aten::sum is one call).
+- A file that is a JSON array is the events array itself (Chrome's JSON Array Format).
 - The *rank* of a file: `distributedInfo.rank` when the trace has one, else a rank in the file's
   name (`-TP-<n>`, `rank<n>`, `rank-<n>`, `rank_<n>`), else 0.
 """
@@ -47,10 +48,13 @@ class Reference:
 
 
 def load_trace(path: str | Path) -> dict:
+    """The trace as a JSON object; a file that is the events array itself (Chrome's JSON Array
+    Format, as Kineto wrote traces in 2020) as {"traceEvents": that array}."""
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    return json.loads(raw)
+    trace = json.loads(raw)
+    return {"traceEvents": trace} if isinstance(trace, list) else trace
 
 
 def find_rank(path: str | Path, trace: dict) -> int:

@@ -412,25 +412,46 @@ def read_trace(path: str | os.PathLike, *, split: bool | None = None, chunk_byte
     return _read_serial(path, chunk_bytes, limits)
 
 
-def _open_events(stream: BinaryIO, path: Path) -> tuple[dict, bytes]:
-    """Read up to the first event of `traceEvents`: (the keys before it, the bytes after '[')."""
-    head = b""
-    while _KEY not in head:
+def _open_events(stream: BinaryIO, path: Path) -> tuple[dict, bytes, bool]:
+    """Read up to the first event: (the keys before `traceEvents`, the bytes after its '[', whether
+    the file is Chrome's JSON Array Format: the events array itself, as Kineto wrote traces in
+    2020, with no keys at all).
+
+    The first byte that is not whitespace decides: '[' an array of events, '{' an object whose
+    `traceEvents` key is then looked for in the bytes as they arrive (each read searched once,
+    with the key's length of overlap: linear in the bytes before it), anything else is refused."""
+    parts: list[bytes] = []
+    size, kind = 0, None
+    while True:
         more = _read(stream, path, 1 << 16)
         if not more:
+            head = b"".join(parts)
             if not head.strip():
                 raise TraceError(path, "is empty")
-            if not head.lstrip().startswith(b"{"):
-                raise TraceError(path, "not JSON: a trace is a JSON object with 'traceEvents'")
+            if kind != b"{":
+                raise TraceError(path, "is not a trace: it starts with neither '{' (a JSON object with "
+                                       "'traceEvents') nor '[' (an array of events)")
             _decode_header(path, head)  # valid JSON but no events key
             raise TraceError(path, "has no 'traceEvents' array")
-        head += more
-        if len(head) > (64 << 20):
+        parts.append(more)
+        size += len(more)
+        if kind is None:
+            first = b"".join(parts).lstrip()[:1]
+            if first:
+                kind = first
+                if kind == b"[":
+                    return {}, b"".join(parts).lstrip()[1:], True
+                if kind != b"{":
+                    raise TraceError(path, "is not a trace: it starts with neither '{' (a JSON object with "
+                                           "'traceEvents') nor '[' (an array of events)")
+        window = (parts[-2][-len(_KEY):] if len(parts) > 1 else b"") + more
+        if _KEY in window:
+            break
+        if size > (64 << 20):
             raise TraceError(path, "no 'traceEvents' key in the first 64 MB")
+    head = b"".join(parts)
     key_at = head.index(_KEY)
     prefix = head[:key_at].strip()
-    if not prefix.startswith(b"{"):
-        raise TraceError(path, "not JSON: a trace is a JSON object with 'traceEvents'")
     rest = head[key_at + len(_KEY) :]
     m = re.match(rb"\s*:\s*\[\s*", rest)
     while m is None or m.end() == len(rest):
@@ -443,7 +464,7 @@ def _open_events(stream: BinaryIO, path: Path) -> tuple[dict, bytes]:
         raise TraceError(path, "'traceEvents' is not an array")
     header_text = prefix.rstrip(b",") + b"}"
     header = _decode_header(path, header_text if prefix != b"{" else b"{}")
-    return header, rest[m.end() :]
+    return header, rest[m.end() :], False
 
 
 def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = DEFAULT_LIMITS,
@@ -464,7 +485,7 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = 
     stored = _stored_size(path)
     with open_trace_stream(path) as stream:
         raw = getattr(stream, "fileobj", stream)  # the file on disk (under a gzip stream)
-        header, rest = _open_events(stream, path)
+        header, rest, array_form = _open_events(stream, path)
         total = len(rest)
         buf = bytearray(max(3 * chunk_bytes, 2 * len(rest) + 2))
         buf[0] = 0x5B  # '['
@@ -480,7 +501,7 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = 
             if cut is None:
                 if eof:
                     header.update(_finish_events(path, bytes(memoryview(buf)[start + 1 : end]),
-                                                 lambda text: on_last(number, text)))
+                                                 lambda text: on_last(number, text), array_form))
                     return header
                 if end - lo >= chunk_bytes:
                     lo = max(lo, end - 1)  # no boundary in a whole chunk: read on
@@ -608,14 +629,25 @@ def _finish(cols: _Columns, path: Path, header: dict) -> RawTrace:
     return trace
 
 
-def _finish_events(path: Path, text: bytes, on_last) -> dict:
+def _finish_events(path: Path, text: bytes, on_last, array_form: bool = False) -> dict:
     """Hand the events after the last cut to on_last and return the keys that follow the
     `traceEvents` array (Kineto writes traceName, displayTimeUnit, baseTimeNanoseconds and often
     "INFO": [...log lines...] there). The array's end is first taken at the last ']' before keys
     that parse; when that text is not an array of events (a ']' inside the trailing keys), the
     array's end is found exactly by parsing. A wrong split can never decode: it would leave a
-    ']' at the top level of the events."""
+    ']' at the top level of the events. In the array form the file ends with the array's ']'
+    (Chrome's format lets a writer leave it off; such a file is refused as truncated)."""
     body = text.rstrip()
+    if array_form:
+        if not body.endswith(b"]"):
+            raise TraceError(path, "is truncated (the array of events does not end with ']'; an array left "
+                                   "open, which Chrome's trace format allows, is not read)")
+        events_part = body[:-1].rstrip()
+        if events_part.endswith(b","):
+            events_part = events_part[:-1]
+        if events_part.strip():
+            on_last(b"[" + events_part + b"]")
+        return {}
     if not body.endswith(b"}"):
         raise TraceError(path, "is truncated (the JSON does not end with '}')")
     fast = _split_at_last_bracket(path, body)

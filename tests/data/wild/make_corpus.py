@@ -47,12 +47,14 @@ HTA_COMMIT = "f4d0062c382f42bd8a74838bcdad1916c7d5d2da"
 TRACELENS_COMMIT = "171dd74721ca1ec45709e5805b68ae1f65e27811"
 KINETO_2021_01 = "229f2b87f69b3448c6d9876efc0147c4b4edde0e"
 KINETO_2021_06 = "be239c044d2f4b62982e1ff64144097acd69f59a"
+KINETO_2020_12 = "a0380a320dcf1f34df55f05182471ac59ff6cb78"
 LICENCE = {HTA: "MIT", TRACELENS: "MIT", KINETO: "BSD-3-Clause"}
 LICENCE_FILES = {  # (repo, commit) -> name under LICENSES/
     (HTA, HTA_COMMIT): "HolisticTraceAnalysis-MIT.txt",
     (TRACELENS, TRACELENS_COMMIT): "TraceLens-MIT.txt",
     (KINETO, KINETO_2021_01): "kineto-BSD-229f2b8.txt",
     (KINETO, KINETO_2021_06): "kineto-BSD-be239c0.txt",
+    (KINETO, KINETO_2020_12): "kineto-BSD-a0380a3.txt",
 }
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "mtia_ccp_events"}
@@ -230,6 +232,10 @@ SOURCES = [
     _kineto(KINETO_2021_01, "resnet50_autograd_api_num_workers_4/worker0.pt.trace.json.gz",
             "resnet50_autograd_api_num_workers_4__worker0.pt.trace.json.gz",
             "torch 1.8-era layout profiled with the autograd API: no ProfilerStep", Window()),
+    Source(KINETO, KINETO_2020_12, "plugin/samples/resnet50_num_workers_0/worker0.pt.trace.json.gz",
+           "kineto__2020__resnet50_num_workers_0__worker0.pt.trace.json.gz", 0,
+           "Kineto's December 2020 layout: the file is the events array itself (Chrome's JSON Array Format, no "
+           "traceEvents key, no device properties), torch 1.8 nightly categories", Window(r"ProfilerStep#\d+$")),
     Source(KINETO, KINETO_2021_06, "tb_plugin/test/gpu_metrics_input.json", "kineto__test__gpu_metrics_input.json.gz",
            0, "the tb_plugin's own test input (V100): the device in `computeProperties`, the key Kineto wrote "
            "before `deviceProperties`; one ProfilerStep", Window(r"ProfilerStep#\d+$")),
@@ -271,6 +277,8 @@ class TraceText:
 def split_trace_text(text: str) -> TraceText:
     dec = json.JSONDecoder()
     i = _WS.match(text, 0).end()
+    if text[i] == "[":  # Chrome's JSON Array Format: the events array is the whole file
+        return _split_events(text, i, dec)
     if text[i] != "{":
         raise ValueError("not a JSON object")
     i += 1
@@ -412,6 +420,8 @@ def _check_trim(original: str, trimmed_gz: bytes) -> None:
     before = json.loads(original)
     text = gzip.decompress(trimmed_gz).decode("utf-8", "surrogateescape")
     after = json.loads(text)
+    if isinstance(before, list):  # the array form: no keys around the events
+        before, after = {"traceEvents": before}, {"traceEvents": after}
     assert list(after) == list(before)
     assert all(after[k] == before[k] for k in before if k != "traceEvents")
     kept = split_trace_text(text).events
