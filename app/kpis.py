@@ -51,7 +51,8 @@ def show_rank_balance(rank_stats) -> None:
     if rank_stats["last_arrivals"].notna().all() and rank_stats["collectives"].max() > 0:
         last = rank_stats.loc[rank_stats["last_arrivals"].idxmax()]
         st.caption(f"Rank {int(last['rank'])} reaches {int(last['last_arrivals'])} of {int(last['collectives'])} "
-                   "collectives last: the other ranks wait for it. Waiting is the time from a rank's start of a "
+                   "collectives last (the run's notes above say which rank keeps the others waiting longest: not "
+                   "always the one most often last). Waiting is the time from a rank's start of a "
                    "collective to the last rank's start (clocks aligned on the collectives' ends).")
     st.dataframe(rank_stats, hide_index=True, column_config={
         "step_ms_median": st.column_config.NumberColumn("step ms", format="%.3f"),

@@ -126,13 +126,15 @@ def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, op
     assert [s.value for s in at.subheader][:4] == ["Diagnosis", "Patterns", "Ranks", "Where the step time goes"]
     ranks = at.dataframe[0].value
     assert ranks["rank"].tolist() == [0, 1] and ranks["last_arrivals"].tolist()[1] >= 30
-    assert any(c.value.startswith("Rank 1 reaches") and "the other ranks wait for it" in c.value for c in at.caption)
+    assert any(c.value.startswith("Rank 1 reaches") and "keeps the others waiting longest" in c.value
+               for c in at.caption)
+    assert any(c.value.startswith("Note: rank 1 keeps the other ranks waiting longest") for c in at.caption)
     parts = json.loads(at.get("vega_lite_chart")[0].proto.spec)
     assert parts["encoding"]["y"]["field"] == "rank"
     assert at.selectbox(key="url_rank").value == "0"
     at.selectbox(key="url_rank").set_value("1").run()
     assert not at.exception and at.query_params["rank"] in ("1", ["1"])
-    assert any(c.value.startswith("Note: rank 1 reached") for c in at.caption)
+    assert any(c.value.startswith("Note: rank 1 keeps the other ranks waiting longest") for c in at.caption)
 
 
 def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):

@@ -15,7 +15,7 @@ import pytest
 from ingest.cli import main
 from ingest.traces.analyse import analyse_trace
 from ingest.traces.categories import load_rule_chain
-from ingest.traces.ranks import find_waits
+from ingest.traces.ranks import find_waits, waits_for
 from ingest.traces.trace_read import read_trace
 from tests.helpers import DATA
 
@@ -195,3 +195,21 @@ def test_waits_find_the_rank_that_arrives_last():
     assert w.wait_us.tolist() == [list(latest - (start[r] - w.offset_us[r])) for r in range(3)]
     assert find_waits([start[0], start[1][:4]], [end[0], end[1][:4]]) is None  # counts differ
     assert find_waits([start[0]], [end[0]]) is None  # one rank
+
+
+def test_the_rank_that_costs_the_others_most_is_not_always_the_one_most_often_last():
+    # three ranks, two steps of three collectives; rank 2 comes last three times by 1 us, rank 1
+    # twice by 400 us: the others wait for rank 1, whatever the count says
+    start = np.array([[0, 1000, 2000, 10_000, 11_000, 12_000],
+                      [400, 1000, 2000, 10_400, 11_000, 12_000],
+                      [0, 1001, 2001, 10_000, 11_001, 11_999]], float)
+    end = np.tile(np.array([500, 1500, 2500, 10_500, 11_500, 12_500], float), (3, 1))
+    w = find_waits(list(start), list(end))
+    assert list(w.last) == [1, 2, 2, 1, 2, 0] and list(w.last_arrivals) == [1, 2, 3]
+    steps = [np.array([0, 0, 0, 1, 1, 1])] * 3
+    m = waits_for(w, steps, [2, 2, 2])
+    # [q, r]: q's median wait per step in the collectives r reached last
+    assert np.allclose(m, [[0.0, 0.4, 0.0015], [0.0, 0.0, 0.0015], [0.0005, 0.4, 0.0]], rtol=0, atol=1e-12)
+    # only the collectives inside steps count; a step without such a wait counts 0
+    m = waits_for(w, [np.array([0, 0, 0, -1, -1, -1])] * 3, [1, 1, 1])
+    assert np.allclose(m[0], [0.0, 0.4, 0.002], rtol=0, atol=1e-12)

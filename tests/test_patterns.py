@@ -277,8 +277,8 @@ def test_tp2_all_reduces_on_the_compute_stream_fire_communication_not_overlapped
     assert finding["text"].startswith(
         f"Communication is not overlapped: {comm_ms:.2f} ms of each {wall_ms:.2f} ms profiled step "
         f"({100 * comm_ms / wall_ms:.1f} %) is spent in `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` while no other "
-        f"kernel runs (all kernels on one stream); of that, rank 0 waits {wait_ms:.2f} ms a step for rank 1, which "
-        "reaches the collectives last")
+        f"kernel runs (all kernels on one stream); of that, rank 0 waits {wait_ms:.2f} ms a step in collectives that "
+        "rank 1 reaches last")
 
 
 def test_rank_1_alone_spends_too_little_in_communication_to_fire():

@@ -11,6 +11,8 @@ SOURCES.md), each figure checked against a count taken straight from the JSON:
   from a launching op's host time;
 - the device of a Kineto file older than `deviceProperties` (`computeProperties`, the tb_plugin's
   own test input);
+- who keeps whom waiting in the collectives of 8 Megatron TP ranks (ASTRA-sim's A100 traces): the
+  rank that costs the others most, which is not the one most often last;
 - a file that is the events array itself (Chrome's JSON Array Format, as Kineto wrote its samples
   in December 2020): read as the same events in an object.
 """
@@ -183,3 +185,61 @@ def test_a_trace_that_is_the_events_array_reads_as_the_same_events_in_an_object(
     events = json.loads(text)
     assert got.kernel_stats["calls"].sum() == sum(1 for e in events if str(e.get("cat", "")).lower()
                                                    in ("kernel", "memcpy", "memset", "gpu_memcpy", "gpu_memset"))
+
+
+def _waits_by_hand(paths) -> tuple[list[int], list[int], dict]:
+    """Straight from the JSON, as written in ingest/traces/ranks.py's docstring: the NCCL kernels of
+    each rank in time order, matched by position; each rank's clock offset the median of its end
+    minus rank 0's; per collective the last arrival (latest aligned start) and each rank's wait.
+    Returns (ranks, times each came last, {r: mean over the other ranks of their waits in the
+    collectives r reached last, in ms}, rank 0's waits for each rank in ms) -- one profiled step,
+    so its median is its sum."""
+    ranks, starts, ends = [], [], []
+    for p in paths:
+        trace = json.loads(gzip.decompress(p.read_bytes()))
+        nccl = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower()),
+                      key=lambda e: e["ts"])
+        ranks.append(trace["distributedInfo"]["rank"])
+        starts.append([float(e["ts"]) for e in nccl])
+        ends.append([float(e["ts"]) + float(e["dur"]) for e in nccl])
+    n, m = len(ranks), len(starts[0])
+    offset = [sorted(ends[q][i] - ends[0][i] for i in range(m))[m // 2] if m % 2 else
+              sum(sorted(ends[q][i] - ends[0][i] for i in range(m))[m // 2 - 1: m // 2 + 1]) / 2 for q in range(n)]
+    aligned = [[starts[q][i] - offset[q] for i in range(m)] for q in range(n)]
+    last_count, waited = [0] * n, [[0.0] * n for _ in range(n)]  # waited[q][r]
+    for i in range(m):
+        column = [aligned[q][i] for q in range(n)]
+        last = column.index(max(column))
+        last_count[last] += 1
+        for q in range(n):
+            waited[q][last] += column[last] - column[q]
+    kept = {ranks[r]: sum(waited[q][r] for q in range(n) if q != r) / (n - 1) / 1e3 for r in range(n)}
+    return ranks, last_count, kept, [w / 1e3 for w in waited[0]]
+
+
+def test_the_note_names_the_rank_that_keeps_the_others_waiting_longest(tmp_path):
+    paths = sorted(WILD.glob("astrasim__megatron-tp8__megatron_kineto_*.json.gz"))
+    assert len(paths) == 8
+    ranks, last_count, kept, first_waits = _waits_by_hand(paths)
+    worst = max(kept, key=kept.get)
+    most_last = ranks[last_count.index(max(last_count))]
+    assert most_last != worst  # the case the note once got wrong: the most often last is not the costliest
+    run_dir = tmp_path / "tp8"
+    run_dir.mkdir()
+    for p in paths:
+        shutil.copy(p, run_dir / p.name)
+    db = str(tmp_path / "tp8.duckdb")
+    assert _cli(["import", str(run_dir), "--db", db])[0] == 0
+    report = json.loads(_cli(["report", "1", "--db", db, "--json"])[1])
+    assert [r["last_arrivals"] for r in report["per_rank"]] == [last_count[ranks.index(r)] for r in range(8)]
+    (note,) = [n for n in report["notes"] if "keeps the other ranks waiting longest" in n]
+    assert note == (f"rank {worst} keeps the other ranks waiting longest: each waits {kept[worst]:.3f} ms per step "
+                    f"for it (median over steps), in the {last_count[ranks.index(worst)]} of 84 collectives it "
+                    f"reached last; rank {most_last} reached more of them last ({max(last_count)}) but keeps each "
+                    f"waiting {kept[most_last]:.3f} ms per step")
+    # the pattern's sentence: rank 0's own wait for the rank it waits for most
+    (finding,) = [f for f in report["patterns"]["findings"] if f["pattern"] == "communication-not-overlapped"]
+    waited_for = ranks[first_waits.index(max(first_waits))]
+    wait_ms = max(first_waits)
+    said = f"rank {ranks[0]} waits {wait_ms:.0f} ms a step in collectives that rank {waited_for} reaches last"
+    assert said in finding["text"], finding["text"]

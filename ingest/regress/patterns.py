@@ -386,8 +386,8 @@ def _communication_findings(pattern: Pattern, rows: list[dict[str, Any]], t: Map
     if waiting is not None:
         rank, wait_ms, last_rank = waiting
         if last_rank != rank and wait_ms > 0:
-            figures["waiting"] = (f"; of that, rank {rank} waits {_fmt_ms(min(wait_ms, exposed))} a step for rank "
-                                  f"{last_rank}, which reaches the collectives last: balancing the ranks wins that, "
+            figures["waiting"] = (f"; of that, rank {rank} waits {_fmt_ms(min(wait_ms, exposed))} a step in "
+                                  f"collectives that rank {last_rank} reaches last: balancing the ranks wins that, "
                                   "overlap does not")
     return [_finding(pattern, figures, exposed, names)] if _within(pattern, figures) else []
 

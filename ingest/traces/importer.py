@@ -28,7 +28,7 @@ from .analyse import RankFigures, analyse_trace
 from .categories import Rule
 from .progress import ReadMeter
 from .rank_pool import json_sizes, map_in_processes, rank_workers
-from .ranks import find_waits
+from .ranks import find_waits, waits_for
 from .table import Table
 from .trace_read import DEFAULT_LIMITS, ReadLimits, metered, read_trace
 
@@ -189,10 +189,21 @@ def build_rank_stats(figures: list[RankFigures]) -> tuple[Table, list[str]]:
                     for i, f in enumerate(figures)])
     columns["wait_ms_median"] = wait
     columns["last_arrivals"] = np.array(waits.last_arrivals, np.int64)
-    slowest = int(np.argmax(waits.last_arrivals))
-    others = np.delete(wait, slowest)
-    notes.append(f"rank {figures[slowest].rank} reached {waits.last_arrivals[slowest]} of {waits.collectives} "
-                 f"collectives last: the other ranks wait for it ({others.mean():.3f} ms per step, median)")
+    # who keeps whom waiting: [q, r] = q's median wait per step in the collectives r reached last
+    matrix = waits_for(waits, [f.comm_step for f in figures], [f.steps for f in figures])
+    n = len(figures)
+    kept = np.array([np.delete(matrix[:, r], r).mean() for r in range(n)])  # each other rank's wait for r
+    # (in memory only, for the pattern text: the first rank's wait for each rank; not stored)
+    columns["first_waits_for_ms"] = matrix[0]
+    worst = int(np.argmax(kept))
+    most_last = int(np.argmax(waits.last_arrivals))
+    text = (f"rank {figures[worst].rank} keeps the other ranks waiting longest: each waits {kept[worst]:.3f} ms per "
+            f"step for it (median over steps), in the {waits.last_arrivals[worst]} of {waits.collectives} "
+            "collectives it reached last")
+    if most_last != worst and waits.last_arrivals[most_last] > waits.last_arrivals[worst]:
+        text += (f"; rank {figures[most_last].rank} reached more of them last ({waits.last_arrivals[most_last]}) "
+                 f"but keeps each waiting {kept[most_last]:.3f} ms per step")
+    notes.append(text)
     return Table(columns), notes
 
 
@@ -317,18 +328,19 @@ def check_record(record: RunRecord, timeline: dict | None, catalog: tuple[Patter
 
 
 def _waiting(record: RunRecord) -> tuple[int, float, int] | None:
-    """(the first rank, its median wait per step in collectives in ms, the rank that reaches them
-    last) for a multi-rank run whose waits were computed; else None. (Its rank_stats: a Table, or a
-    DataFrame in a record made elsewhere.)"""
+    """(the first rank, its median wait per step in the collectives of the rank it waits for most,
+    that rank) for a multi-rank run whose waits were computed; else None. (Its rank_stats: the
+    Table build_rank_stats made, with its in-memory `first_waits_for_ms`; a record made elsewhere
+    has none, and gets None.)"""
     stats = record.rank_stats
-    if stats is None or len(stats) < 2:
+    if stats is None or len(stats) < 2 or "first_waits_for_ms" not in stats:
         return None
-    wait = np.asarray(stats["wait_ms_median"], dtype=float)
-    last = [None if v is None or v != v else v for v in np.asarray(stats["last_arrivals"]).tolist()]
-    if np.isnan(wait).any() or None in last:
+    waits = np.asarray(stats["first_waits_for_ms"], dtype=float)
+    if np.isnan(waits).any():
         return None
     ranks = np.asarray(stats["rank"])
-    return int(ranks[0]), float(wait[0]), int(ranks[int(np.argmax(np.array(last, float)))])
+    r = int(np.argmax(waits))
+    return int(ranks[0]), float(waits[r]), int(ranks[r])
 
 
 def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,

@@ -16,6 +16,10 @@ traces are trimmed to a time window, by text, never re-serialised:
 - a kept event keeps its original JSON text and the separator text before it (number formats,
   key order and escapes survive): `json.JSONDecoder.raw_decode` gives each event's exact span.
 
+A file kept "gpu" (Window(keep="gpu")) has no time window: its metadata events, step annotations,
+GPU activities and their launches are kept and every other event (CPU ops, Python frames, flows)
+dropped, so its kernel and step figures are the original's (its launchers are not).
+
 A window starts at a step annotation (`ProfilerStep#N`, `step[...]`) or at the first event, and
 ends after the whole step(s) asked for when they fit in BUDGET_BYTES gzipped; otherwise it ends
 at the last event that still fits (a partial step: SOURCES.md says which). Trimmed files are
@@ -48,13 +52,16 @@ TRACELENS_COMMIT = "171dd74721ca1ec45709e5805b68ae1f65e27811"
 KINETO_2021_01 = "229f2b87f69b3448c6d9876efc0147c4b4edde0e"
 KINETO_2021_06 = "be239c044d2f4b62982e1ff64144097acd69f59a"
 KINETO_2020_12 = "a0380a320dcf1f34df55f05182471ac59ff6cb78"
-LICENCE = {HTA: "MIT", TRACELENS: "MIT", KINETO: "BSD-3-Clause"}
+ASTRA = "astra-sim/astra-sim"
+ASTRA_COMMIT = "ab5d3e629c9d28257cf9d2b367474f0cbfdf450e"
+LICENCE = {HTA: "MIT", TRACELENS: "MIT", KINETO: "BSD-3-Clause", ASTRA: "MIT"}
 LICENCE_FILES = {  # (repo, commit) -> name under LICENSES/
     (HTA, HTA_COMMIT): "HolisticTraceAnalysis-MIT.txt",
     (TRACELENS, TRACELENS_COMMIT): "TraceLens-MIT.txt",
     (KINETO, KINETO_2021_01): "kineto-BSD-229f2b8.txt",
     (KINETO, KINETO_2021_06): "kineto-BSD-be239c0.txt",
     (KINETO, KINETO_2020_12): "kineto-BSD-a0380a3.txt",
+    (ASTRA, ASTRA_COMMIT): "astra-sim-MIT.txt",
 }
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "mtia_ccp_events"}
@@ -68,6 +75,9 @@ class Window:
 
     step: str | None = None
     steps: int = 1
+    # "gpu": no time window; every GPU activity, its launch, the step annotations and the metadata
+    # events are kept and every other event (CPU ops, Python frames, flows) dropped
+    keep: str | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +256,18 @@ SOURCES = [
 ]
 
 
+# -- ASTRA-sim (MIT): eight ranks of one Megatron tensor-parallel step (A100s, NCCL all-reduces),
+# their GPU activities, launches and step annotations kept whole (tests/test_trace_windows.py reads
+# them as one directory: who keeps whom waiting in the collectives)
+SOURCES += [
+    Source(ASTRA, ASTRA_COMMIT, f"my_test/inputs/workload/megatron-tp8/megatron_kineto_{r}.json",
+           f"astrasim__megatron-tp8__megatron_kineto_{r}.json.gz", r,
+           f"rank {r} of 8 (distributedInfo) of a Megatron TP=8 step on A100s: 690 GPU activities, 84 NCCL "
+           "all-reduces; CPU ops, Python frames and flows dropped", Window(keep="gpu"))
+    for r in range(8)
+]
+
+
 # -- reading the mirrors ------------------------------------------------------------------------
 
 def find_git_dir(mirrors: Path, repo: str) -> Path:
@@ -371,11 +393,31 @@ def _gzip(text: str) -> bytes:
     return gzip.compress(text.encode("utf-8", "surrogateescape"), compresslevel=9, mtime=0)
 
 
+def keep_gpu_events(values: list) -> list[int]:
+    """Indices of the metadata events, step annotations, GPU activities and their launches."""
+    gpu_corr = {_corr(e) for e in values if isinstance(e, dict) and _cat(e) in GPU_CATEGORIES}
+    keep = []
+    for i, e in enumerate(values):
+        if not isinstance(e, dict) or e.get("ph") == "M" or _cat(e) in GPU_CATEGORIES:
+            keep.append(i)
+        elif _cat(e) in LAUNCH_CATEGORIES and _corr(e) in gpu_corr:
+            keep.append(i)
+        elif _cat(e) in ("user_annotation", "cpu_op", "operator") and re.match(r"ProfilerStep#\d+$|step\[",
+                                                                                str(e.get("name", ""))):
+            keep.append(i)
+    return keep
+
+
 def trim_trace(raw: bytes, window: Window) -> tuple[bytes, str]:
     """(the trimmed trace, gzipped; a description of the window for SOURCES.md)."""
     text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8", "surrogateescape")
     t = split_trace_text(text)
     values = [v for _, _, v in t.events]
+    if window.keep == "gpu":
+        result = _gzip(join_trace_text(t, keep_gpu_events(values)))
+        assert len(result) <= BUDGET_BYTES, (len(result), BUDGET_BYTES)
+        _check_trim(text, result)
+        return result, "the whole trace, its GPU activities, their launches and the step annotations kept"
     stamps = sorted(e["ts"] for e in values if isinstance(e, dict) and e.get("ph") != "M" and _has_ts(e))
     if window.step is None:
         t0, whole_end, label = stamps[0], None, "from the first event"
