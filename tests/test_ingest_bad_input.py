@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import TRACES, file_digest, run_cli
+from tests.helpers import DATA, TRACES, file_digest, run_cli
 
 pytestmark = pytest.mark.slow  # one CLI process per bad file
 
@@ -44,6 +44,13 @@ def _case_files(tmp):
     _write(bundle_missing / "manifest.json", json.dumps({
         "format": "stepwatch-bundle", "version": 1, "engine": "reference", "variant": "x",
         "workload": {}, "device": {}, "versions": {}, "traces": ["trace.json.gz"]}))
+    # ASTRA-sim's results layout: execution traces named *.pt.trace.json beside the Kineto traces
+    # (a real Chakra execution trace from HTA's test data, and one of our captures)
+    mixed = tmp / "mixed_dir"
+    mixed.mkdir()
+    shutil.copy(DATA / "wild" / "hta__execution_trace__benchmark_simple_add_et.json.gz",
+                mixed / "eg.rank_0.pt.trace.json.gz")
+    shutil.copy(GOOD, mixed / "kineto.rank_0_step_4.json")
     bundle_badjson = tmp / "bundle_badjson"
     bundle_badjson.mkdir()
     _write(bundle_badjson / "manifest.json", "{not json")
@@ -97,6 +104,8 @@ def _case_files(tmp):
         ("missing path", tmp / "absent.json", [], "no such file"),
         ("dangling link", tmp / "dangling.json", [], "no such file"),
         ("directory without traces", empty_dir, [], "holds no trace files"),
+        ("directory with an execution trace named like a trace", mixed, [],
+         "other JSON file(s), kineto.rank_0_step_4.json, were not read"),
         ("bundle missing its trace", bundle_missing, [], "missing from the bundle"),
         ("bundle manifest not JSON", bundle_badjson, [], "manifest.json: not JSON"),
         ("bundle from the future", bundle_future, [], "newer than this stepwatch reads"),
@@ -110,11 +119,14 @@ def cases(tmp_path_factory):
     return _case_files(tmp_path_factory.mktemp("bad"))
 
 
+CASES = 29
+
+
 def test_corpus_is_large_enough(cases):
-    assert len(cases) >= 15
+    assert len(cases) == CASES  # every case is run below
 
 
-@pytest.mark.parametrize("index", range(27))
+@pytest.mark.parametrize("index", range(CASES))
 def test_bad_input_is_refused_cleanly(cases, index, tmp_path):
     name, path, extra, expected = cases[index]
     db = tmp_path / "fresh.duckdb"

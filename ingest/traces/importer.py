@@ -360,17 +360,37 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
     mappings = find_mapping(opts.mapping, manifest, path, files)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
     content_hash = hash_traces(files + mappings)  # attributed or not: two runs
-    if watch is None:
-        figures = analyse_files(files, rules, steps, opts.limits, mappings=mappings)
-    else:
-        meter = ReadMeter(files)
-        with watch(meter):
-            figures = analyse_files(files, rules, steps, opts.limits, meter, mappings=mappings)
+    try:
+        if watch is None:
+            figures = analyse_files(files, rules, steps, opts.limits, mappings=mappings)
+        else:
+            meter = ReadMeter(files)
+            with watch(meter):
+                figures = analyse_files(files, rules, steps, opts.limits, meter, mappings=mappings)
+    except TraceError as e:
+        raise _with_files_left_out(e, path, files, manifest) from None
     record = build_record(path, files, figures, manifest, opts, content_hash)
     record = dataclasses.replace(record, notes=file_notes + record.notes)
     record = dataclasses.replace(record, diagnosis=diagnose_record(record))
     return check_record(record, figures[0].timeline,
                         opts.patterns if opts.patterns is not None else load_pattern_catalog())
+
+
+def _with_files_left_out(error: TraceError, path: Path, files: list[Path], manifest) -> TraceError:
+    """A directory's file named like a trace that is not one (an execution trace named
+    `*.pt.trace.json`, as ASTRA-sim's results name them, say), while the directory's other JSON
+    files were left out by their names: the error says so, and how to read those instead."""
+    not_a_trace = error.problem.startswith(("has no 'traceEvents' array", "is not a trace"))
+    if manifest is not None or not path.is_dir() or not not_a_trace:
+        return error
+    left = sorted(p.name for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+                  and p not in files)
+    if not left:
+        return error
+    some = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+    return TraceError(error.path, f"{error.problem} (a directory is read by its files named *.trace.json[.gz] when it "
+                                  f"has any; its {len(left)} other JSON file(s), {some}, were not read: put the traces "
+                                  "in a directory of their own, or import them one by one)")
 
 
 def diagnose_record(record) -> list[dict] | None:
