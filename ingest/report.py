@@ -190,7 +190,7 @@ def format_report(report: dict, top: int = 15) -> str:
         lines.append(f"{c['category']:<14}{c['ms_per_step']:>10.3f}{100 * (c['share'] or 0):>7.1f}%")
     lines += ["", f"{'share':>6} {'ms/step':>8} {'calls/st':>8} {'mean us':>9} {'GB/s':>7} {'%peak':>6}"
                   f" {'TFLOP/s':>8} {'%comp':>6} {'%BW':>6} {'bound':<8} "
-                  f"{'category':<12}{'launcher':<22}{unit + ' (source)'}"]
+                  f"{'category':<14}{'launcher':<22}{unit + ' (source)'}"]
     for k in report["kernels"][:top]:
         peak = k["peak_fraction"] and 100 * k["peak_fraction"]
         comp, bw = (None if k[f] is None else 100 * k[f] for f in ("compute_fraction", "bandwidth_fraction"))
@@ -198,7 +198,7 @@ def format_report(report: dict, top: int = 15) -> str:
             f"{100 * (k['share'] or 0):>5.1f}% {k['ms_per_step']:>8.3f} {k['calls_per_step']:>8.2f}"
             f" {k['mean_us']:>9.1f} {_fmt(k['gbps'], '7.0f'):>7} {_fmt(peak, '5.1f'):>6}"
             f" {_fmt(k['tflops'], '8.3f'):>8} {_fmt(comp, '5.1f'):>6} {_fmt(bw, '5.1f'):>6} {k['bound'] or '-':<8} "
-            f"{k['category']:<12}{_short(k['launcher'], 21):<22}{_short(k['name'], 90)}"
+            f"{k['category']:<14}{_short(k['launcher'], 21):<22}{_short(k['name'], 90)}"
             + (f"\n{'':>60}{_short(k['source'], 90)}" if k["source"] else "")
             + (f"\n{'':>60}{_short(_attributed(k, report), 90)}" if k["graph_op"] or k["graph_source"] else "")
         )

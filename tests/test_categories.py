@@ -56,6 +56,27 @@ PUBLIC = [
      False, "communication"),
     ("Memcpy DtoD (Device -> Device)", "aten::copy_", "memcpy", False, "memcpy"),
     ("Memset (Device)", "aten::zero_", "memset", False, "memcpy"),
+    # ResNet-50 training on a V100, torch 1.9 (pytorch/kineto be239c0, tb_plugin/samples/resnet50_*): cuDNN's
+    # convolutions (implicit GEMMs, forward and backward) and batch norm, 63 % of its kernel time once "other"
+    ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int, float "
+     "const*, int, float*, kernel_grad_params, unsigned long long, int, unsigned long long, int, float, int, int, "
+     "int)", "aten::cudnn_convolution_backward_input", "kernel", False, "gemm"),
+    ("void cudnn::cnn::wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, false, 512>(int, int, int, float const"
+     "*, int, float*, float const*, kernel_grad_params, unsigned long long, int, float, int, int, int, int"
+     ")",
+     "aten::cudnn_convolution_backward_weight", "kernel", False, "gemm"),
+    ("void implicit_convolve_sgemm<float, float, 1024, 6, 7, 3, 3, 5, 1, false, true, true>(int, int, int, float "
+     "const*, int, float*, float const*, kernel_conv_params, unsigned long long, int, float, float, int, float const*,"
+     " float const*, bool, int, int)", "aten::cudnn_convolution", "kernel", False, "gemm"),
+    ("volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "aten::cudnn_convolution", "kernel", False,
+     "gemm"),
+    ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512, true, 1>(float, float, float, float, "
+     "cudnnTensorStruct, float const*, cudnnTensorStruct, float const*, cudnnTensorStruct, float*, float const*, "
+     "float*, float*, float const*, float const*, float)", "aten::cudnn_batch_norm_backward", "kernel", False,
+     "norm"),
+    ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, 512, true, 1>(cudnnTensorStruct, float const*, "
+     "cudnnTensorStruct, float*, float const*, float const*, float, float, float*, float*, float*, float*, float, "
+     "float)", "aten::cudnn_batch_norm", "kernel", False, "norm"),
 ]
 CPU_OPS = [  # CPU-only traces: CPU ops stand for kernels (tests/data/traces/cpu_small.trace.json)
     ("aten::copy_", "aten::copy_", "cpu_op", True, "cast"),
