@@ -232,15 +232,8 @@ if HAS_TRITON:
                     end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
                     tt = first + tl.arange(0, INDEX_ROWS)
                     tl.store(index_ptr + tt, tt, mask=tt < end)
-        elif WRITE_INDEX:
-            rb = tl.program_id(0).to(tl.int64)
-            n_row_blocks = tl.cdiv(n, ROWS)
-            while rb < n_row_blocks:
-                i = rb * ROWS + tl.arange(0, ROWS)
-                live = i < n
-                used = tl.load(index_ptr + i, mask=live, other=0).to(tl.int64)
-                _move_rows(pool_ptr, out_ptr, used, used, live, pool_stride, out_stride, DIM, MAIN, TAIL)
-                rb += tl.num_programs(0)
+        elif WRITE_INDEX:  # (the positional path, as kv_cast's)
+            _candidate_cast_in_place(pool_ptr, index_ptr, out_ptr, n, pool_stride, out_stride, ROWS, DIM, MAIN, TAIL)
 
     @triton.jit
     def _prefetch_l2(ptrs):
@@ -310,15 +303,8 @@ if HAS_TRITON:
                 base += step
                 k = base + tl.arange(0, CHUNKS)
                 t = k // PIECES
-        elif WRITE_INDEX:
-            rb = tl.program_id(0).to(tl.int64)
-            n_row_blocks = tl.cdiv(n, ROWS)
-            while rb < n_row_blocks:
-                i = rb * ROWS + tl.arange(0, ROWS)
-                live = i < n
-                used = tl.load(index_ptr + i, mask=live, other=0).to(tl.int64)
-                _move_rows(pool_ptr, out_ptr, used, used, live, pool_stride, out_stride, DIM, MAIN, TAIL)
-                rb += tl.num_programs(0)
+        elif WRITE_INDEX:  # (the positional path, as kv_cast's)
+            _candidate_cast_in_place(pool_ptr, index_ptr, out_ptr, n, pool_stride, out_stride, ROWS, DIM, MAIN, TAIL)
 
     @triton.jit
     def _diag_gather_kernel(pool_ptr, rows_ptr, index_ptr, count_ptr, out_ptr, n_arg, pool_stride, out_stride,
@@ -390,15 +376,8 @@ if HAS_TRITON:
                     tt = first + tl.arange(0, INDEX_ROWS)
                     tl.store(index_ptr + tt, tt, mask=tt < end)
                 base += step
-        elif WRITE_INDEX:
-            rb = tl.program_id(0).to(tl.int64)
-            n_row_blocks = tl.cdiv(n, ROWS)
-            while rb < n_row_blocks:
-                i = rb * ROWS + tl.arange(0, ROWS)
-                live = i < n
-                used = tl.load(index_ptr + i, mask=live, other=0).to(tl.int64)
-                _move_rows(pool_ptr, out_ptr, used, used, live, pool_stride, out_stride, DIM, MAIN, TAIL)
-                rb += tl.num_programs(0)
+        elif WRITE_INDEX:  # (the positional path, as kv_cast's)
+            _candidate_cast_in_place(pool_ptr, index_ptr, out_ptr, n, pool_stride, out_stride, ROWS, DIM, MAIN, TAIL)
 
     @triton.jit
     def _candidate_move_pieces(pool_ptr, out_ptr, index_ptr, src, base, n_pieces, pool_stride, out_stride,
