@@ -122,6 +122,7 @@ def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, op
     assert main(["import", str(DATA / "h200" / "tp2"), "--db", str(db)]) == 0
     at = open_page(db, "run", run="1")
     assert not at.exception
+    assert any(c.value.startswith("These figures, the checks and the diagnosis are rank 0's") for c in at.caption)
     # (rank 0 spends most of its step in all-reduces that nothing overlaps: a pattern under the diagnosis)
     assert [s.value for s in at.subheader][:4] == ["Diagnosis", "Patterns", "Ranks", "Where the step time goes"]
     ranks = at.dataframe[0].value

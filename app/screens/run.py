@@ -38,6 +38,9 @@ st.caption(format_markdown(
     steps=run["steps"], method=run["step_method"], at=run["imported_at"]))
 
 show_run_kpis(run)
+if len(detail["ranks"]) > 1:
+    st.caption(format_markdown("These figures, the checks and the diagnosis are rank {}'s, the run's first; the Ranks "
+                               "section below has each rank's, and its kernels.", detail["ranks"][0]))
 checks = run["consistency"] or {"checks": []}
 if checks.get("marked"):
     st.warning("**These figures disagree.** " + " ".join(
