@@ -819,6 +819,12 @@ VARIANTS = {
     "kv_cast_v8_c1024": {"kind": "kv_cast", "cfg": {"VEC": 8, "CHUNKS": 1024}},
     "kv_cast_v8_c1024_pps16": {"kind": "kv_cast", "cfg": {"VEC": 8, "CHUNKS": 1024, "PROGRAMS_PER_SM": 16}},
     "kv_cast_v8_c2048": {"kind": "kv_cast", "cfg": {"VEC": 8, "CHUNKS": 2048}},
+    # the positional path's row blocks (ROWS) set the kernel's registers: 16 -> 40, 8 -> 38, 4 -> 32
+    # (ptxas, pieces of 8): full occupancy for the compact path; with early ids 34
+    "kv_cast_r8": {"kind": "kv_cast", "cfg": {"ROWS": 8}},
+    "kv_cast_r4": {"kind": "kv_cast", "cfg": {"ROWS": 4}},
+    "early_r4": {"early": True, "off32": True, "cfg": {"ROWS": 4}},
+    "early_r4_pps16": {"early": True, "off32": True, "cfg": {"ROWS": 4, "PROGRAMS_PER_SM": 16}},
     "flat2d_v8_c512": {"kind": "flat2d", "cfg": {"VEC": 8, "CHUNKS": 512}},
     "flat2d_v8_c1024": {"kind": "flat2d", "cfg": {"VEC": 8, "CHUNKS": 1024}},
     "flat2d_v16_c512": {"kind": "flat2d"},
