@@ -56,6 +56,17 @@ PUBLIC = [
      False, "communication"),
     ("Memcpy DtoD (Device -> Device)", "aten::copy_", "memcpy", False, "memcpy"),
     ("Memset (Device)", "aten::zero_", "memset", False, "memcpy"),
+    # AMD TraceLens, tests/traces/inference/xdit_*/profile_trace_rank_0 (MI300X, torch.compile): SageAttention,
+    # and inductor fusions named after the ops they fused (a pointwise transpose, an RMSNorm after a matmul)
+    ("sage_fwd", "", "kernel", False, "attention"),
+    ("sage_quant_kernel", "", "kernel", False, "attention"),
+    ("triton_poi_fused__scaled_dot_product_flash_attention_cat_transpose_view_10", "", "kernel", False, "elementwise"),
+    ("triton_per_fused__to_copy_add_addmm_mean_mul_pow_rsqrt_transpose_view_9", "", "kernel", False, "norm"),
+    # a float -> bf16 copy replayed from a CUDA graph (no op to tell its dtypes): a cast by its name
+    # (torch 2.11 on the H200, captured here)
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"
+     "::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"
+     "::{lambda(float)#1}, std::array<char*, 2ul>)", "cudaGraphLaunch", "kernel", False, "cast"),
     # ResNet-50 training on a V100, torch 1.9 (pytorch/kineto be239c0, tb_plugin/samples/resnet50_*): cuDNN's
     # convolutions (implicit GEMMs, forward and backward) and batch norm, 63 % of its kernel time once "other"
     ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int, float "

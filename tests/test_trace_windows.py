@@ -13,6 +13,9 @@ SOURCES.md), each figure checked against a count taken straight from the JSON:
   own test input);
 - who keeps whom waiting in the collectives of 8 Megatron TP ranks (ASTRA-sim's A100 traces): the
   rank that costs the others most, which is not the one most often last;
+- an AMD graph trace (vLLM's full-graph decode on MI300X, TraceLens): its hipGraphLaunch calls are
+  graph launches (the steps, and the launcher of the kernels they replay), and a launch-bound step
+  counts only the kernels the host launched one by one (our own H200 graph captures: none);
 - a file that is the events array itself (Chrome's JSON Array Format, as Kineto wrote its samples
   in December 2020): read as the same events in an object.
 """
@@ -243,3 +246,40 @@ def test_the_note_names_the_rank_that_keeps_the_others_waiting_longest(tmp_path)
     wait_ms = max(first_waits)
     said = f"rank {ranks[0]} waits {wait_ms:.0f} ms a step in collectives that rank {waited_for} reaches last"
     assert said in finding["text"], finding["text"]
+
+
+def test_hip_graph_launches_are_the_steps_of_an_amd_graph_trace():
+    path = WILD / "tracelens__vllm_decode_full__graph_execution.json.gz"
+    events = _events(path)
+    launches = {_corr(e): e for e in events if e.get("cat") in LAUNCH_CATS and _corr(e) is not None}
+    graph = sorted(e["ts"] for e in launches.values() if e["name"] == "hipGraphLaunch")
+    assert len(graph) == 1 and not any(e["name"].startswith(("cudaGraphLaunch", "cuGraphLaunch"))
+                                       for e in launches.values())
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    replayed = [k for k in gpu if _corr(k) in launches and launches[_corr(k)]["name"] == "hipGraphLaunch"]
+    # one step per graph launch: the kernels launched from it on (by their launch, else their start)
+    when = [launches[_corr(k)]["ts"] if _corr(k) in launches else k["ts"] for k in gpu]
+    mine = [k for k, t in zip(gpu, when) if t >= graph[0]]
+    wall = max(k["ts"] + k["dur"] for k in mine) - min(k["ts"] for k in mine)
+    assert len(replayed) > 400 and len(mine) > len(replayed)
+    f = analyse_trace(read_trace(str(path)), RULES)
+    assert (f.step_method, f.steps) == ("graph-launch", 1)
+    assert f.step_ms_median == pytest.approx(wall / 1e3, rel=1e-9)
+    assert f.notes[0] == "no step annotations: each CUDA/HIP graph launch is taken as one step"
+    table = f.kernel_stats
+    from_graph = sum(c for c, launcher in zip(table["calls"], table["launcher"]) if launcher == "hipGraphLaunch")
+    assert from_graph == len(replayed)
+    # the host launched only the few kernels after the replay one by one
+    assert f.timeline["kernels_per_step"] == len(mine)
+    assert f.timeline["launched_per_step"] == len(mine) - len(replayed)
+
+
+@pytest.mark.parametrize("path", ["h200/glm5-graph-pair/trace.json.gz",
+                                  "h200/sglang-graph-decode/stepwatch_batch1_input2048_output2_decode.trace.json.gz"])
+def test_kernels_replayed_from_a_graph_are_not_counted_as_host_launches(path):
+    events = _events(DATA / path)
+    graph_corr = {_corr(e) for e in events if e.get("cat") in LAUNCH_CATS and e["name"] == "cudaGraphLaunch"}
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    assert sum(_corr(k) in graph_corr for k in gpu) > 0.99 * len(gpu)
+    f = analyse_trace(read_trace(str(DATA / path)), RULES)
+    assert f.timeline["kernels_per_step"] >= 1000 and f.timeline["launched_per_step"] == 0

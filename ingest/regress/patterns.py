@@ -349,9 +349,13 @@ def _step_findings(pattern: Pattern, facts: RunFacts, t: Mapping[str, Any]) -> l
         return []
     step = float(facts.step_ms)
     idle = max(step - busy, 0.0)
+    # the kernels the host launched one by one: those replayed from a graph cost no launch
+    # (timelines stored before the count existed give every kernel)
+    launched = "launched_per_step" if "launched_per_step" in t else "kernels_per_step"
+    median = "launched_us_median" if "launched_us_median" in t else "kernel_us_median"
     figures = {"step_ms": step, "busy_ms": busy, "idle_ms": idle, "busy_share": busy / step,
-               "idle_share": idle / step, "kernels_per_step": _number(t.get("kernels_per_step")),
-               "kernel_us_median": _number(t.get("kernel_us_median"))}
+               "idle_share": idle / step, "kernels_per_step": _number(t.get(launched)),
+               "kernel_us_median": _number(t.get(median))}
     return [_finding(pattern, figures, idle, [])] if _within(pattern, figures) else []
 
 

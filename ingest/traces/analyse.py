@@ -37,7 +37,7 @@ K = {k: i for i, k in enumerate(KINDS)}
 _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _SPAN_NAME = re.compile(r"^step\[")
 _DECODE_SPAN = re.compile(r"^step\[DECODE\b")
-_GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
+_GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)")
 # runtime / driver calls that launch kernels (CUDA and HIP): cudaLaunchKernel, cuLaunchKernel,
 # cudaLaunchKernelExC, cudaLaunchCooperativeKernel, hipLaunchKernel, hipExtModuleLaunchKernel, cudaGraphLaunch
 _KERNEL_LAUNCH = re.compile(r"\w*(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
@@ -486,10 +486,10 @@ def _find_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> t
         start = trace.ts_us[graph]
         idx = np.searchsorted(start, kernels.query_ts_us, "right") - 1
         return "graph-launch", idx, np.full(len(graph), math.nan), [
-            "no step annotations: each CUDA-graph launch is taken as one step"]
+            "no step annotations: each CUDA/HIP graph launch is taken as one step"]
 
     return "whole-trace", np.zeros(len(kernels.ts_us), np.int64), np.full(1, math.nan), [
-        "no step markers (ProfilerStep#N, SGLang step spans or CUDA-graph launches): the whole profiled "
+        "no step markers (ProfilerStep#N, SGLang step spans or CUDA/HIP graph launches): the whole profiled "
         "window is read as one step; pass --steps N if it holds N iterations"]
 
 
@@ -645,7 +645,7 @@ def _measure_timeline(trace: RawTrace, kernels: Kernels, steps: Steps, step_tabl
         kernels.ts_us, kernels.dur_us, trace.thread_id[kernels.event], kernels.query_ts_us, steps.kernel_step,
         step_table["wall_us"], step_table["gpu_busy_us"], step_table["kernel_us"],
         is_comm, trace.ts_us[calls], trace.dur_us[calls], names[trace.name_id[calls]],
-        sorted(set(names[trace.name_id[spans]].tolist())))
+        sorted(set(names[trace.name_id[spans]].tolist())), kernels.from_graph)
 
 
 def _group_layers(group: np.ndarray, layer: np.ndarray, n_groups: int) -> np.ndarray:

@@ -9,6 +9,8 @@ and idle time per step, as ms per step is a mean). All intervals are on the trac
 - kernel_ms_median / busy_ms_median / wall_ms_median: per step, the kernels' summed time, the
   union of their intervals (the GPU busy), and the step's extent; medians over the steps.
 - kernels_per_step: the median count of kernels in a step; kernel_us_median: the median kernel.
+  launched_per_step / launched_us_median: the same for the kernels the host launched one by one
+  (not replayed from a CUDA/HIP graph): what a launch-bound step is made of.
 - communication: per step, the communication kernels' summed time and their *exposed* time, the
   part of their union during which no other kernel ran (the step waits for it); medians.
 - host syncs: host calls that block until the GPU is done (HOST_SYNC, e.g. cudaStreamSynchronize,
@@ -158,7 +160,7 @@ def find_span_batch_size(span_names: list[str]) -> int | None:
 def measure_timeline(kernel_ts: np.ndarray, kernel_dur: np.ndarray, kernel_stream: np.ndarray, query_ts: np.ndarray,
                      step: np.ndarray, step_wall_us: np.ndarray, step_busy_us: np.ndarray, step_kernel_us: np.ndarray,
                      is_comm: np.ndarray, sync_ts: np.ndarray, sync_dur: np.ndarray, sync_name: np.ndarray,
-                     span_names: list[str]) -> dict:
+                     span_names: list[str], from_graph: np.ndarray | None = None) -> dict:
     """The figures of the module docstring for one rank's GPU kernels (not for a CPU-only trace,
     whose ops have no GPU timeline), from the kernels and the step table's per-step wall, busy
     and kernel time: plain Python values, ready for JSON."""
@@ -174,6 +176,9 @@ def measure_timeline(kernel_ts: np.ndarray, kernel_dur: np.ndarray, kernel_strea
         "kernels_per_step": _median(counts),
         "kernel_us_median": _median(kernel_dur[inside]),
     }
+    launched = inside if from_graph is None else inside & ~from_graph
+    out["launched_per_step"] = _median(np.bincount(step[launched], minlength=n_steps)[:n_steps].astype(float))
+    out["launched_us_median"] = _median(kernel_dur[launched])
     out.update(measure_communication(kernel_ts, end, step, is_comm, n_steps))
     busy = Busy(kernel_ts, end)
     out.update(measure_host_syncs(sync_ts, sync_ts + sync_dur, sync_name, query_ts, kernel_ts, step, n_steps, busy))
