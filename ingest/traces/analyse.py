@@ -69,7 +69,7 @@ class Kernels:
     input_dtypes: np.ndarray | None = None  # object: the launching op's tensor input dtypes ("bfloat16"), "" unknown
     query_thread: np.ndarray | None = None  # thread of the launch (or of the kernel when unlinked)
     op_event: np.ndarray | None = None  # the launching op's event (-1 none: a graph replay, no launch, CPU-only)
-    from_graph: np.ndarray | None = None  # bool: replayed from a CUDA graph (launched by cudaGraphLaunch)
+    from_graph: np.ndarray | None = None  # bool: replayed from a graph (launched by cudaGraphLaunch, hipGraphLaunch)
     # bool: launched before (or after) the recorded window: no launch in the file, and a correlation id
     # below (above) every launch the file holds; in no step (assign_steps)
     outside_window: np.ndarray | None = None
