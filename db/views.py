@@ -260,14 +260,14 @@ def get_variant_matrix(store: Store, run_a: int, run_b: int) -> pd.DataFrame:
     ).df()
 
 
-def get_category_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.DataFrame:
-    """Mean ms per step of each category in both runs and the change (b - a), the largest
-    change first, with each side's step-to-step sd_ms and steps. The categories' sums are the
-    two runs' step times (idle included)."""
-    a = get_category_means(store, run_a, rank).rename(columns={"ms_per_step": "a_ms_per_step", "sd_ms": "a_sd_ms",
-                                                                "steps": "a_steps"})
-    b = get_category_means(store, run_b, rank).rename(columns={"ms_per_step": "b_ms_per_step", "sd_ms": "b_sd_ms",
-                                                                "steps": "b_steps"})
+def get_category_diff(store: Store, run_a: int, run_b: int, rank_a: int = 0, rank_b: int = 0) -> pd.DataFrame:
+    """Mean ms per step of each category in both runs (rank_a of run A, rank_b of run B) and the
+    change (b - a), the largest change first, with each side's step-to-step sd_ms and steps. The
+    categories' sums are the two runs' step times (idle included)."""
+    a = get_category_means(store, run_a, rank_a).rename(columns={"ms_per_step": "a_ms_per_step", "sd_ms": "a_sd_ms",
+                                                                  "steps": "a_steps"})
+    b = get_category_means(store, run_b, rank_b).rename(columns={"ms_per_step": "b_ms_per_step", "sd_ms": "b_sd_ms",
+                                                                  "steps": "b_steps"})
     out = a.merge(b, on="category", how="outer").fillna({"a_ms_per_step": 0.0, "b_ms_per_step": 0.0,
                                                           "a_sd_ms": 0.0, "b_sd_ms": 0.0})
     for side in ("a", "b"):  # a category absent from a run: 0 in each of its steps
@@ -277,8 +277,9 @@ def get_category_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd
     return out.loc[order].reset_index(drop=True)
 
 
-def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.DataFrame:
-    """Kernels of two runs matched by name and launcher op (summed over source lines): `change`
+def get_kernel_diff(store: Store, run_a: int, run_b: int, rank_a: int = 0, rank_b: int = 0) -> pd.DataFrame:
+    """Kernels of two runs (rank_a of A, rank_b of B) matched by name and launcher op (summed over
+    source lines): `change`
     is added, removed or both (whether a kernel in both changed is a verdict against noise:
     app/changes.classify_kernel_diff), with calls/step, ms/step, their step-to-step sd and share
     on each side, and its achieved TFLOP/s, TB/s and `roof_fraction` (the larger of its compute and
@@ -308,7 +309,7 @@ def get_kernel_diff(store: Store, run_a: int, run_b: int, rank: int = 0) -> pd.D
         " SELECT CASE WHEN a_ms_per_step IS NULL THEN 'added' WHEN b_ms_per_step IS NULL THEN 'removed'"
         "   ELSE 'both' END AS change, *"
         " FROM j ORDER BY abs(delta_ms_per_step) DESC, name, launcher",
-        [run_a, rank, run_b, rank, run_a, run_b],
+        [run_a, rank_a, run_b, rank_b, run_a, run_b],
     ).df()
 
 
@@ -359,14 +360,16 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
             return None
         run_a, run_b, by = default["a"], default["b"], default["by"]
     matrix = get_variant_matrix(store, run_a, run_b)
+    # each run's first rank (a single trace of rank 1 has no rank 0), as the Run page shows it
+    rank_a, rank_b = (next(iter(store.list_ranks(r)), 0) for r in (run_a, run_b))
     matrix_runs = {int(r) for r in (*matrix["a_run_id"], *matrix["b_run_id"]) if pd.notna(r)} if len(matrix) else set()
     return {"run_a": run_a, "run_b": run_b, "by": by,
             "a": store.get_run(run_a), "b": store.get_run(run_b),
             "matrix": matrix, "matrix_samples": {r: get_step_samples(store, r)["ms"] for r in sorted(matrix_runs)},
             "trend": get_trend_of_run(store, run_a),
-            "series": list_series(store), "diff": get_category_diff(store, run_a, run_b),
-            "kernels": get_kernel_diff(store, run_a, run_b),
-            "kernels_a": store.list_kernels(run_a), "kernels_b": store.list_kernels(run_b),
+            "series": list_series(store), "diff": get_category_diff(store, run_a, run_b, rank_a, rank_b),
+            "kernels": get_kernel_diff(store, run_a, run_b, rank_a, rank_b),
+            "kernels_a": store.list_kernels(run_a, rank_a), "kernels_b": store.list_kernels(run_b, rank_b),
             "samples_a": get_step_samples(store, run_a), "samples_b": get_step_samples(store, run_b),
             "spread": get_run_spread(store, run_a),
             "changes": list_changes_at_commit_of_run(store, run_b)}

@@ -2,6 +2,8 @@
 every KV strategy at both, and two runs (full-pool-cast against fused) with the cast kernel
 removed and the fused gather-cast kernel added. The two runs live in the URL."""
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -156,3 +158,29 @@ def test_one_run_in_the_url_or_the_same_run_twice_is_a_notice(dashboard_db, open
                                      "Pick another run for B.")
     bad = open_page(dashboard_db, "compare", a="x", b=a)
     assert bad.warning[0].value == "`?a=x` is not a run id (a positive whole number): ignored."
+
+
+def test_two_imported_traces_one_without_a_commit_and_of_rank_1(tmp_path, open_page):
+    # real traces of other projects imported on their own (no workload recorded): run A with a commit,
+    # run B a single trace of rank 1 (HTA's trace_diff test, distributedInfo.rank 1) and no commit
+    from ingest.cli import main
+    from tests.helpers import DATA
+
+    db = tmp_path / "two.duckdb"
+    wild = DATA / "wild"
+    assert main(["import", str(wild / "tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"), "--db", str(db),
+                 "--repo", "demo", "--commit", "c0ffee1"]) == 0
+    assert main(["import", str(wild / "hta__trace_diff__test.json.gz"), "--db", str(db)]) == 0
+    at = open_page(db, "compare", a="1", b="2", by="runs")
+    assert not at.exception  # run B's missing commit once raised on `b["sha"][:7]`
+    assert at.warning[0].value.startswith("Run A or run B has no workload recorded")
+    assert not any(s.value == "Every variant at both commits" for s in at.subheader)
+    # run B's categories are its own rank's (rank 1), not an empty rank 0's
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["report", "2", "--db", str(db), "--json"]) == 0
+    b_kernels = json.loads(out.getvalue())["kernels"]
+    assert b_kernels and sum(k["ms_per_step"] for k in b_kernels) > 50
+    frames = [d.value for d in at.dataframe]
+    kernel_diff = next(f for f in frames if "change" in f and "name" in f)
+    assert (kernel_diff["change"] == "added").sum() > 10  # B's kernels are there (none of A's names)

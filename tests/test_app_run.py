@@ -26,6 +26,9 @@ def test_glm5_full_pool_cast_run(dashboard_db, open_page):
     assert at.caption[0].value.startswith("stepwatch · 3bee539 kernels: whole-row gather-cast")
     assert "variant full-pool-cast · reference · NVIDIA H200 · glm5 · batch 1 · context 2048 · CUDA graph" \
         in at.caption[0].value
+    # a bundle's steps timed without the profiler: the Step ms tile is theirs
+    assert any(c.value.endswith("Profiled steps can run slower than the Step ms above, which was timed without the "
+                                "profiler.") for c in at.caption)
 
     kernels = at.dataframe[0].value
     assert len(kernels) == 16
@@ -69,7 +72,7 @@ def test_a_run_made_by_a_job_shows_the_jobs_log(dashboard_db, open_page):
 def test_cpu_only_trace_says_so(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "cpu_small.trace.json")))
     assert not at.exception
-    assert at.info[0].value.startswith("This is a CPU-only trace: it has no GPU kernels")
+    assert at.info[0].value.startswith("This trace has no GPU kernels (a CPU-only run;")
     assert _metrics(at) == {"Decode tok/s": "—", "Step ms": "0.270", "Copy-kernel share": "46.6 %",
                             "GPU busy share": "—"}
     assert at.dataframe[0].value.iloc[0]["name"] == "aten::copy_"
@@ -123,6 +126,10 @@ def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, op
     at = open_page(db, "run", run="1")
     assert not at.exception
     assert any(c.value.startswith("These figures, the checks and the diagnosis are rank 0's") for c in at.caption)
+    # traces imported on their own have no timing without the profiler: Step ms is the profiled median
+    assert any(c.value.endswith("The Step ms above is these profiled steps' median: the run has no timing without "
+                                "the profiler.") for c in at.caption)
+    assert "GPU not named" not in at.caption[0].value and "NVIDIA H200" in at.caption[0].value
     # (rank 0 spends most of its step in all-reduces that nothing overlaps: a pattern under the diagnosis)
     assert [s.value for s in at.subheader][:4] == ["Diagnosis", "Patterns", "Ranks", "Where the step time goes"]
     ranks = at.dataframe[0].value

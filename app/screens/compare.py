@@ -90,7 +90,11 @@ if wanted != {k: st.query_params.get(k) for k in wanted}:
     if chosen != (run_a, run_b):
         st.rerun()
 
-if not matrix.empty and a["sha"] != b["sha"] and a["workload_id"] == b["workload_id"]:
+# (a trace imported on its own records no workload: its workload_id names the empty key, so two such
+# runs would look alike)
+same_work = (a["workload_key"] is not None and b["workload_key"] is not None and a["workload_id"] == b["workload_id"]
+             and a["device"] == b["device"])
+if not matrix.empty and a["sha"] and b["sha"] and a["sha"] != b["sha"] and same_work:
     st.subheader("Every variant at both commits")
     name_a, name_b = a["sha"][:7], b["sha"][:7]
     runs_spread, by_run = comparison["spread"], comparison["matrix_samples"]
@@ -110,7 +114,10 @@ if not matrix.empty and a["sha"] != b["sha"] and a["workload_id"] == b["workload
     st.caption("verdict: the step-time change of each variant against its noise, by the rule of the headline below "
                "(changed / within noise / not enough data); a variant measured at one commit only shows —.")
     st.altair_chart(charts.variant_chart(matrix, f"A {name_a}", f"B {name_b}"))
-if a["workload_id"] != b["workload_id"] or a["device"] != b["device"]:
+if a["workload_key"] is None or b["workload_key"] is None:
+    st.warning("Run A or run B has no workload recorded (a trace imported on its own): stepwatch cannot tell "
+               "whether they ran the same work on the same GPU, so their differences need not be the code's.")
+elif not same_work:
     st.warning("Runs A and B measured different workloads or GPUs, so their differences are not only the code's.")
 
 samples_a, samples_b = comparison["samples_a"], comparison["samples_b"]

@@ -34,7 +34,8 @@ commit = f"{run['sha'][:7]} {run['subject'] or ''}" if run["sha"] else "no commi
 st.caption(format_markdown(
     "{repo} · {commit} · variant {variant} · {engine} · {device} · {workload} · {steps} profiled steps ({method}) · "
     "imported {at:%Y-%m-%d %H:%M}", repo=run["repo"] or "no repo", commit=commit, variant=run["variant"] or "—",
-    engine=run["engine"] or "—", device=run["device"] or "no GPU", workload=describe_workload(run["workload_key"]),
+    engine=run["engine"] or "—",
+    device=run["device"] or ("no GPU kernels" if run["kernels_from_cpu_ops"] else "GPU not named in the trace"), workload=describe_workload(run["workload_key"]),
     steps=run["steps"], method=run["step_method"], at=run["imported_at"]))
 
 show_run_kpis(run)
@@ -49,8 +50,8 @@ if checks.get("marked"):
 for check in (c for c in checks["checks"] if c["status"] == "note"):
     st.caption(escape_markdown_keeping_code(check["text"]))
 if run["kernels_from_cpu_ops"]:
-    st.info("This is a CPU-only trace: it has no GPU kernels, so the CPU operators stand in for kernels "
-            "below, and GPU busy share does not apply.")
+    st.info("This trace has no GPU kernels (a CPU-only run; or a GPU run profiled without its kernels, which a "
+            "note then says), so the CPU operators stand in for kernels below, and GPU busy share does not apply.")
 elif run["kernel_rows"] == 0:
     st.info("This run recorded no kernels, so there is no breakdown to show.")
 
@@ -90,9 +91,11 @@ if not breakdown.empty:
     left, right = st.columns([3, 2])
     left.altair_chart(charts.step_breakdown_chart(breakdown))
     right.altair_chart(charts.category_mean_chart(means))
+    timed = ("Profiled steps can run slower than the Step ms above, which was timed without the profiler."
+             if run["timing_ms_median"] is not None else
+             "The Step ms above is these profiled steps' median: the run has no timing without the profiler.")
     st.caption("Kernel time per category in each profiled step; a step lasts from its first kernel's start "
-               "to its last kernel's end, and idle is the part of it in which no kernel ran. Profiled steps "
-               "run slower than the Step ms above, which is measured without the profiler.")
+               "to its last kernel's end, and idle is the part of it in which no kernel ran. " + timed)
 
 st.subheader("Kernels")
 attribution = run["graph_attribution"]
