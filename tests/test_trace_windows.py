@@ -283,3 +283,17 @@ def test_kernels_replayed_from_a_graph_are_not_counted_as_host_launches(path):
     assert sum(_corr(k) in graph_corr for k in gpu) > 0.99 * len(gpu)
     f = analyse_trace(read_trace(str(DATA / path)), RULES)
     assert f.timeline["kernels_per_step"] >= 1000 and f.timeline["launched_per_step"] == 0
+
+
+def test_a_memset_an_op_launches_beside_its_gemm_takes_none_of_the_gemms_flops():
+    # the H100 Qwen trace's aten::mm / aten::addmm launch a memset (a split-K workspace) before the
+    # GEMM: the op's modelled FLOPs are the GEMM's, not the memset's (which read ~600 TFLOP/s)
+    path = WILD / "tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    f = analyse_trace(read_trace(str(path)), RULES)
+    t = f.kernel_stats
+    memsets = [i for i in range(len(t)) if t["name"][i] == "Memset (Device)" and t["launcher"][i] in ("aten::mm",
+                                                                                                       "aten::addmm")]
+    assert len(memsets) >= 2
+    assert all(math.isnan(t["tflops"][i]) and math.isnan(t["tbps"][i]) for i in memsets)
+    gemms = [i for i in range(len(t)) if t["launcher"][i] in ("aten::mm", "aten::addmm") and t["category"][i] == "gemm"]
+    assert gemms and all(0 < t["tflops"][i] < 989.4 for i in gemms)  # under the H100's BF16 datasheet peak

@@ -431,7 +431,8 @@ def attribute_graph_kernels(trace: RawTrace, kernels: Kernels, steps: Steps,
         "layer_frame": Counter(frames.tolist()).most_common(1)[0][0] if len(frames) else None,
     }
     m_flops, m_bytes, m_kind, m_unit = _op_costs(mapping, m_kernels.op_event)
-    m_flops, m_bytes = spread_op_costs(m_kernels.op_event, m_kernels.dur_us, m_flops, m_bytes)
+    m_flops, m_bytes = spread_op_costs(m_kernels.op_event, m_kernels.dur_us, m_flops, m_bytes,
+                                       mapping.kind[m_kernels.event] == K["kernel"])
     flops, nbytes = np.full(len(twin), math.nan), np.full(len(twin), math.nan)
     kind, unit = np.full(len(twin), "", dtype=object), np.full(len(twin), "", dtype=object)
     flops[hit], nbytes[hit], kind[hit], unit[hit] = (m_flops[twin[hit]], m_bytes[twin[hit]], m_kind[twin[hit]],
@@ -675,7 +676,8 @@ def _roofline_columns(trace: RawTrace, kernels: Kernels, group: np.ndarray, n_gr
         flops, nbytes = op_flops, op_bytes
     else:
         op_flops, op_bytes, kinds, units = _op_costs(trace, kernels.op_event)
-        flops, nbytes = spread_op_costs(kernels.op_event, kernels.dur_us, op_flops, op_bytes)
+        flops, nbytes = spread_op_costs(kernels.op_event, kernels.dur_us, op_flops, op_bytes,
+                                        trace.kind[kernels.event] == K["kernel"])
         if sites is not None and sites.flops is not None:
             twin = (kernels.op_event < 0) & (sites.kind != "")
             flops, nbytes = np.where(twin, sites.flops, flops), np.where(twin, sites.nbytes, nbytes)

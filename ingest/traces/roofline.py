@@ -44,10 +44,17 @@ COLUMNS = ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbp
 
 
 def spread_op_costs(op_event: np.ndarray, dur_us: np.ndarray, op_flops: np.ndarray,
-                    op_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    op_bytes: np.ndarray, is_kernel: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each kernel's part of its op's FLOPs and bytes (given per kernel: its op's, NaN for no op),
     in proportion to its time among the kernels of the same op event (equal parts when they
-    all took 0 us)."""
+    all took 0 us). With `is_kernel` (False for a memset or memcpy activity), an op that launched
+    kernels spreads its cost over those alone: the memset that zeroes a split-K GEMM's workspace
+    is not the GEMM's arithmetic (it gets NaN); an op of memsets or copies only spreads over them."""
+    if is_kernel is not None:
+        has_kernel = np.zeros(max(int(op_event.max(initial=-1)) + 1, 1), bool)
+        has_kernel[op_event[(op_event >= 0) & is_kernel]] = True
+        aside = (op_event >= 0) & ~is_kernel & has_kernel[np.maximum(op_event, 0)]
+        op_event = np.where(aside, -1, op_event)
     known = op_event >= 0
     key = np.where(known, op_event, 0)
     _, op_code = np.unique(key, return_inverse=True)
