@@ -35,8 +35,9 @@ st.caption(format_markdown(
     "{repo} · {commit} · variant {variant} · {engine} · {device} · {workload} · {steps} profiled steps ({method}) · "
     "imported {at:%Y-%m-%d %H:%M}", repo=run["repo"] or "no repo", commit=commit, variant=run["variant"] or "—",
     engine=run["engine"] or "—",
-    device=run["device"] or ("no GPU kernels" if run["kernels_from_cpu_ops"] else "GPU not named in the trace"), workload=describe_workload(run["workload_key"]),
-    steps=run["steps"], method=run["step_method"], at=run["imported_at"]))
+    device=run["device"] or ("no GPU kernels" if run["kernels_from_cpu_ops"] else "GPU not named in the trace"),
+    workload=describe_workload(run["workload_key"]), steps=run["steps"], method=run["step_method"],
+    at=run["imported_at"]))
 
 show_run_kpis(run)
 if len(detail["ranks"]) > 1:
