@@ -297,3 +297,18 @@ def test_a_memset_an_op_launches_beside_its_gemm_takes_none_of_the_gemms_flops()
     assert all(math.isnan(t["tflops"][i]) and math.isnan(t["tbps"][i]) for i in memsets)
     gemms = [i for i in range(len(t)) if t["launcher"][i] in ("aten::mm", "aten::addmm") and t["category"][i] == "gemm"]
     assert gemms and all(0 < t["tflops"][i] < 989.4 for i in gemms)  # under the H100's BF16 datasheet peak
+
+
+def test_the_diagnosis_says_why_a_kernel_has_no_bytes_of_its_own_when_its_op_has_shapes(tmp_path):
+    # the same GEMM: its op (aten::mm, shapes recorded) also launched a memset, so the op's bytes
+    # are not the GEMM's alone -- not "the trace has no op shapes"
+    from db.store import open_db
+
+    db = str(tmp_path / "q.duckdb")
+    assert _cli(["import", str(WILD / "tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"), "--db", db])[0] == 0
+    with open_db(db, read_only=True) as store:
+        run = store.get_run(1)
+    diagnosis = run["diagnosis"] if isinstance(run["diagnosis"], list) else json.loads(run["diagnosis"])
+    (no_bytes,) = [f for f in diagnosis if f["kind"] == "no_bytes"]
+    assert no_bytes["text"].startswith("Its own bytes per call are not known: its op launched other kernels beside it")
+    assert "no op shapes" not in no_bytes["text"]
