@@ -343,9 +343,9 @@ def _bandwidth_findings(row: Mapping[str, Any], facts: RunFacts) -> list[Finding
             model = row.get("model_bytes_per_call")
             share = (f"; the roofline gives it its op's bytes in proportion to its time, {_fmt_bytes(model)} per call"
                      if _is_number(model) else "")
-            return [Finding("no_bytes", "Its own bytes per call are not known: its op launched other kernels beside "
-                            f"it (a workspace memset, a split-K reduction), so the op's bytes are not its alone{share}.",
-                            {}, name)]
+            return [Finding("no_bytes", "Its own bytes per call are not known: its op launched other kernels "
+                            "beside it (a workspace memset, a split-K reduction), so the op's bytes are not its "
+                            f"alone{share}.", {}, name)]
         return [Finding("no_bytes", "Its bytes per call are unknown: the trace has no op shapes for it (a "
                         "CUDA-graph replay, a kernel launched outside an op, or record_shapes off); an eager "
                         "capture with record_shapes gives them.", {}, name)]
