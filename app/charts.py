@@ -334,13 +334,13 @@ def roofline_chart(points: pd.DataFrame, roofs: pd.DataFrame, hbm: pd.DataFrame)
     if flat.empty:
         return alt.vconcat(left).configure_legend(orient="bottom", direction="horizontal", columns=4)
     bars = alt.Chart(flat).mark_bar().encode(
-        y=alt.Y("short_name:N", sort="-x", title=None, axis=alt.Axis(labelLimit=180)),
+        y=alt.Y("row_name:N", sort="-x", title=None, axis=alt.Axis(labelLimit=180)),
         x=alt.X("tbps:Q", title="achieved TB/s (read + written)"), color=colour, tooltip=tooltip)
     rules = alt.Chart(hbm).mark_rule(color="#555", strokeWidth=1.5).encode(
         x="tbps:Q", strokeDash=alt.StrokeDash("roof:N", title=None, scale=alt.Scale(range=[[1, 0], [5, 3]])),
         tooltip=[alt.Tooltip("roof:N"), alt.Tooltip("tbps:Q", title="TB/s", format=",.2f")])
     values = alt.Chart(flat).mark_text(align="left", dx=4, fontSize=11).encode(
-        y=alt.Y("short_name:N", sort="-x"), x="tbps:Q", text="bar_label:N")
+        y=alt.Y("row_name:N", sort="-x"), x="tbps:Q", text="bar_label:N")
     right = alt.layer(bars, rules, values).properties(width=560, height=alt.Step(22),
                                              title="kernels without FLOPs (casts, copies): bandwidth is their roof")
     return alt.vconcat(left, right).resolve_scale(color="shared", strokeDash="independent").configure_legend(

@@ -26,7 +26,8 @@ def explain_missing(kernels: pd.DataFrame, roofline: dict | None) -> str | None:
 
 
 def roofline_points(kernels: pd.DataFrame) -> pd.DataFrame:
-    """One row per kernel row with a modelled cost: its short name, `label` (the name for the
+    """One row per kernel row with a modelled cost: its short name, `row_name` (unique: a bar's),
+    `label` (the name for the
     LABELLED with FLOPs and the most time, else ''), `flat` (True: no FLOPs, drawn by bandwidth
     alone, with `bar_label`: its TB/s and fraction of the peak)."""
     known = kernels[kernels["tbps"].notna() & (kernels["tbps"] > 0)].copy()
@@ -39,7 +40,24 @@ def roofline_points(kernels: pd.DataFrame) -> pd.DataFrame:
     known["where"] = [s or op for s, op in zip(known["source"].fillna(""), known["launcher"].fillna(""))]
     known["bar_label"] = [f"{t:,.2f} TB/s" + (f", {f:.0%} of peak" if pd.notna(f) else "")
                           for t, f in zip(known["tbps"], known["bandwidth_fraction"])]
+    known["row_name"] = _row_names(known["short_name"].tolist(), known["where"].tolist())
     return known.reset_index(drop=True)
+
+
+def _row_names(short: list[str], where: list[str]) -> list[str]:
+    """A bar's name, one per kernel row: its short name, with its op or line where another row
+    shares the short name (kernels of one template launched by different ops), and a count
+    where that still repeats -- a bar chart draws rows of one name as one bar."""
+    counts: dict[str, int] = {}
+    for n in short:
+        counts[n] = counts.get(n, 0) + 1
+    named = [f"{n} · {w}" if counts[n] > 1 and w else n for n, w in zip(short, where)]
+    seen: dict[str, int] = {}
+    out = []
+    for n in named:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
+    return out
 
 
 def roof_lines(roofline: dict, points: pd.DataFrame) -> pd.DataFrame:

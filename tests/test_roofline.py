@@ -421,3 +421,25 @@ def test_the_roofline_is_not_drawn_without_a_device_or_without_shapes_and_says_w
         kernels, run = store.list_kernels(graph), store.get_run(graph)
     assert roofline.explain_missing(kernels, run["roofline"]).startswith("No roofline: no kernel's op")
     assert roofline.explain_missing(kernels, None).startswith("No roofline: the run's GPU is not in")
+
+
+def test_bars_of_kernels_that_share_a_short_name_are_drawn_apart(tmp_path):
+    # the H100 Qwen trace (TraceLens): torch's unrolled elementwise copy kernel, launched by several
+    # ops, moves bytes at different rates; one bar per kernel row, named by its op where they share a name
+    from app import charts, roofline
+    from ingest.cli import main
+
+    db = tmp_path / "q.duckdb"
+    assert main(["import", str(DATA / "wild" / "tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"),
+                 "--db", str(db)]) == 0
+    with open_db(db, read_only=True) as store:
+        kernels, run = store.list_kernels(1), store.get_run(1)
+    points = roofline.roofline_points(kernels)
+    flat = points[points["flat"]]
+    assert flat["short_name"].duplicated().any()  # the case: rows that a bar chart would draw as one
+    assert not flat["row_name"].duplicated().any()
+    spec = charts.roofline_chart(points, roofline.roof_lines(run["roofline"], points),
+                                 roofline.bandwidth_roofs(run["roofline"])).to_dict()
+    bars_layer = spec["vconcat"][1]["layer"][0]
+    assert bars_layer["encoding"]["y"]["field"] == "row_name"
+    assert len({b["row_name"] for b in spec["datasets"][bars_layer["data"]["name"]]}) == len(flat)
