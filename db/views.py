@@ -39,12 +39,15 @@ def count_runs(store: Store) -> dict[str, int]:
 def list_series(store: Store, repo: str | None = None) -> pd.DataFrame:
     """One row per trend series (runs with a commit; of one repository, or of all), the one with
     the most runs first: its names, batch size, workload key ('' for none), runs, commits
-    measured and variants ('' for none)."""
+    measured, variants ('' for none) and the fewest step samples a run of it has (its steps timed
+    without the profiler, else its profiled steps)."""
     return store.con.execute(
-        "SELECT repo, engine, device, batch_size, workload_id, workload_key, runs, commits, variants FROM ("
+        "SELECT repo, engine, device, batch_size, workload_id, workload_key, runs, commits, variants,"
+        " fewest_samples FROM ("
         f"  SELECT {_SERIES_NAMES}, r.batch_size, coalesce(r.workload_key, '') AS workload_key,"
         "   count(*) AS runs, count(DISTINCT r.commit_id) AS commits,"
-        "   list(DISTINCT coalesce(r.variant, '') ORDER BY coalesce(r.variant, '')) AS variants"
+        "   list(DISTINCT coalesce(r.variant, '') ORDER BY coalesce(r.variant, '')) AS variants,"
+        "   min(coalesce(json_array_length(r.manifest->'$.timing.step_ms'), r.steps)) AS fewest_samples"
         "  FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
         "  WHERE r.commit_id IS NOT NULL AND (? IS NULL OR p.name = ?) GROUP BY ALL)"
         " ORDER BY runs DESC, repo, engine, device, workload_id",

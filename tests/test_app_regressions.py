@@ -105,3 +105,25 @@ def test_no_change_in_the_stepwatch_samples_says_what_was_checked(tmp_path, open
                                 "its noise (a rank test at p < 0.01 on the per-step samples and a change of at least "
                                 "3 %).")
 
+
+
+def test_no_change_among_runs_of_one_profiled_step_says_they_are_too_few(tmp_path, open_page):
+    # two real H100 inference traces of TraceLens (one profiled step each), imported as two commits of
+    # one series (one GPU, no workload recorded): nothing can be confirmed from one sample a run
+    from db.store import open_db
+    from ingest.cli import main
+    from ingest.runs.track import track_changes
+    from tests.helpers import DATA
+
+    db = tmp_path / "one-step.duckdb"
+    for name, commit in (("tracelens__h100__gaunernst_bert-small-uncased__1016001.json.gz", "c1"),
+                         ("tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", "c2")):
+        assert main(["import", str(DATA / "wild" / name), "--db", str(db), "--repo", "demo", "--commit", commit]) == 0
+    with open_db(db) as store:
+        assert track_changes(store) == []
+    at = open_page(db, "regressions")
+    assert not at.exception
+    assert at.info[0].value.startswith("No confirmed change: 1 workload measured at two or more commits (up to 2)")
+    assert at.info[0].value.endswith("Some runs have only 1 step sample: too few for the test to confirm a change at "
+                                     "that level; profile more steps (or time steps without the profiler) for a "
+                                     "verdict.")

@@ -153,6 +153,7 @@ def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):
     kernels = at.dataframe[0].value  # rank 1's kernels: the only rank there is, no rank selector
     assert len(kernels) == 7 and kernels["name"].str.contains("Memcpy|kernel", case=False).any()
     assert not [s for s in at.selectbox if s.key == "url_rank"]
+    assert any(c.value.startswith("The trace of rank 1 (of a multi-GPU job") for c in at.caption)
 
 
 def test_a_run_id_that_is_not_a_number_is_ignored_with_a_notice(dashboard_db, open_page):

@@ -92,6 +92,8 @@ def test_regressions_confirm_the_regression_and_the_fix(samples_db, open_page):
     assert "tok/s** :red[regression] · 132.31 tok/s -> 13.52 tok/s (**-89.8 %**" in text
     assert "tok/s** :green[improvement] · 13.52 tok/s -> 126.28 tok/s (**9.3x**" in text
     assert "First bad commit `d445ae3` mla: cast the FP8 KV pool to BF16 before attention" in text
+    # the fix is no "bad" commit: its card names the first improved one
+    assert "First improved commit `bd182fd`" in text and "First bad commit `bd182fd`" not in text
 
 
 def test_two_runs_of_one_commit_9_percent_apart_are_within_noise(samples_db, open_page):

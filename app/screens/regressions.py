@@ -35,7 +35,11 @@ if changes.empty:
         st.info(f"No confirmed change: {workloads} workload{'s' if workloads > 1 else ''} measured at two or more "
                 f"commits (up to {int(checked['commits'].max())}), {variants} variant{'s' if variants > 1 else ''}: "
                 f"each variant's series was checked after each run, and none moved beyond its noise (a rank test "
-                f"at p < {ALPHA:g} on the per-step samples and a change of at least {MIN_REL_CHANGE * 100:.0f} %).")
+                f"at p < {ALPHA:g} on the per-step samples and a change of at least {MIN_REL_CHANGE * 100:.0f} %)."
+                + (f" Some runs have only {int(checked['fewest_samples'].min())} step sample"
+                   f"{'s' if checked['fewest_samples'].min() > 1 else ''}: too few for the test to confirm a change "
+                   "at that level; profile more steps (or time steps without the profiler) for a verdict."
+                   if checked["fewest_samples"].min() < 5 else ""))
     st.stop()
 
 series_names = {r.series_id: f"{describe_series(r.repo, r.engine, r.device, r.workload_key)} · {r.variant or '—'}"
@@ -62,12 +66,17 @@ for change in shown.itertuples():
                                     format_metric_value(change.metric, change.after_value),
                                     format_rel_change(change.rel_change), change.p_value))
         date = Markdown(f"{change.first_bad_date:%Y-%m-%d %H:%M}") if pd.notna(change.first_bad_date) else "no date"
-        st.markdown(format_markdown("First bad commit {:code} {} · {} · {} (last good {:code})",
+        # (the change's first commit: "bad" for a regression, the first better one for an improvement)
+        first, last = (("First bad commit", "last good") if change.direction == "regression" else
+                       ("First improved commit", "last before it"))
+        st.markdown(format_markdown("{} {:code} {} · {} · {} ({} {:code})", first,
                                     change.first_bad_short_sha, change.first_bad_subject, date,
-                                    change.first_bad_author or "unknown author", change.last_good_sha[:7]))
+                                    change.first_bad_author or "unknown author", last, change.last_good_sha[:7]))
         st.caption(format_markdown("{} · {}", series_names[change.series_id],
                                    describe_between(change.commits_between, change.bisect_runs)))
-        st.page_link("screens/compare.py", label="Compare the last good and the first bad run",
+        st.page_link("screens/compare.py", label=("Compare the last good and the first bad run"
+                                                  if change.direction == "regression" else
+                                                  "Compare the run before and the first improved run"),
                      icon=":material/compare_arrows:",
                      query_params={"a": str(change.last_good_run_id), "b": str(change.first_bad_run_id),
                                    "by": "runs"})

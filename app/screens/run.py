@@ -40,6 +40,9 @@ st.caption(format_markdown(
     at=run["imported_at"]))
 
 show_run_kpis(run)
+if len(detail["ranks"]) == 1 and detail["ranks"][0] != 0:
+    st.caption(format_markdown("The trace of rank {} (of a multi-GPU job: its other ranks were not imported).",
+                               detail["ranks"][0]))
 if len(detail["ranks"]) > 1:
     st.caption(format_markdown("These figures, the checks and the diagnosis are rank {}'s, the run's first; the Ranks "
                                "section below has each rank's, and its kernels.", detail["ranks"][0]))
