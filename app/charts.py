@@ -315,10 +315,11 @@ def roofline_chart(points: pd.DataFrame, roofs: pd.DataFrame, hbm: pd.DataFrame)
     x = alt.X("intensity:Q", title="arithmetic intensity (FLOP per byte read + written)",
               scale=alt.Scale(type="log"), axis=alt.Axis(format="~g"))
     y = alt.Y("tflops:Q", title="achieved TFLOP/s", scale=alt.Scale(type="log"), axis=alt.Axis(format="~g"))
+    # the legend names only the roofs drawn (most devices have no measured ceilings)
+    bases = [b for b in ("datasheet", "measured on the card") if b in set(roofs["basis"])] or ["datasheet"]
     lines = alt.Chart(roofs).mark_line(strokeWidth=1.5, color="#555").encode(
         x=x, y=y, detail="roof:N", strokeDash=alt.StrokeDash(
-            "basis:N", title="roofs", scale=alt.Scale(domain=["datasheet", "measured on the card"],
-                                                      range=[[1, 0], [5, 3]])),
+            "basis:N", title="roofs", scale=alt.Scale(domain=bases, range=[[1, 0], [5, 3]][:len(bases)])),
         tooltip=[alt.Tooltip("roof:N"), alt.Tooltip("peak_tflops:Q", title="peak TFLOP/s", format=",.1f"),
                  alt.Tooltip("tbps:Q", title="bandwidth TB/s", format=",.2f")])
     ends = roofs[roofs["basis"] == "datasheet"].sort_values("intensity").groupby("roof", as_index=False).last()

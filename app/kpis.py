@@ -55,6 +55,7 @@ def show_rank_balance(rank_stats) -> None:
                    "always the one most often last). Waiting is the time from a rank's start of a "
                    "collective to the last rank's start (clocks aligned on the collectives' ends).")
     st.dataframe(rank_stats, hide_index=True, column_config={
+        "device_name": st.column_config.TextColumn("GPU"),
         "step_ms_median": st.column_config.NumberColumn("step ms", format="%.3f"),
         "busy_ms_median": st.column_config.NumberColumn("busy ms/step", format="%.3f"),
         "comm_ms_median": st.column_config.NumberColumn("communication ms/step", format="%.3f"),

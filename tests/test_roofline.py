@@ -443,3 +443,21 @@ def test_bars_of_kernels_that_share_a_short_name_are_drawn_apart(tmp_path):
     bars_layer = spec["vconcat"][1]["layer"][0]
     assert bars_layer["encoding"]["y"]["field"] == "row_name"
     assert len({b["row_name"] for b in spec["datasets"][bars_layer["data"]["name"]]}) == len(flat)
+
+
+def test_the_roofs_legend_names_only_the_roofs_drawn(tmp_path):
+    # an H100 (TraceLens): its datasheet's ceilings, none measured on the card
+    from app import charts, roofline
+    from ingest.cli import main
+
+    db = tmp_path / "q.duckdb"
+    assert main(["import", str(DATA / "wild" / "tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"),
+                 "--db", str(db)]) == 0
+    with open_db(db, read_only=True) as store:
+        kernels, run = store.list_kernels(1), store.get_run(1)
+    points = roofline.roofline_points(kernels)
+    roofs = roofline.roof_lines(run["roofline"], points)
+    assert set(roofs["basis"]) == {"datasheet"}
+    spec = charts.roofline_chart(points, roofs, roofline.bandwidth_roofs(run["roofline"])).to_dict()
+    line = next(layer for layer in spec["vconcat"][0]["layer"] if layer["mark"]["type"] == "line")
+    assert line["encoding"]["strokeDash"]["scale"]["domain"] == ["datasheet"]
