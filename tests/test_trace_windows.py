@@ -312,3 +312,13 @@ def test_the_diagnosis_says_why_a_kernel_has_no_bytes_of_its_own_when_its_op_has
     (no_bytes,) = [f for f in diagnosis if f["kind"] == "no_bytes"]
     assert no_bytes["text"].startswith("Its own bytes per call are not known: its op launched other kernels beside it")
     assert "no op shapes" not in no_bytes["text"]
+
+
+def test_a_copy_to_or_from_the_host_is_not_rated_against_the_gpus_memory_bandwidth():
+    # HTA's V100 DDP trace: host-to-device copies (PCIe) beside device-to-device ones (HBM)
+    f = analyse_trace(read_trace(str(WILD / "hta__trace_diff__test.json.gz")), RULES)
+    t = f.kernel_stats
+    (host,) = [i for i in range(len(t)) if t["name"][i] == "Memcpy HtoD (Pinned -> Device)"]
+    assert t["gbps"][host] > 0 and math.isnan(t["peak_fraction"][host]) and math.isnan(t["bandwidth_fraction"][host])
+    device = next(i for i in range(len(t)) if t["name"][i].startswith("Memcpy DtoD") and t["gbps"][i] > 0)
+    assert t["peak_fraction"][device] > 0 and t["bandwidth_fraction"][device] > 0

@@ -358,7 +358,10 @@ def _bandwidth_findings(row: Mapping[str, Any], facts: RunFacts) -> list[Finding
     if _is_number(gbps):
         numbers["gbps"] = float(gbps)
         text += f" at {gbps:,.0f} GB/s"
-        if _is_number(facts.peak_gbps) and facts.peak_gbps > 0:
+        # (a copy to or from host memory has no fraction of the GPU's memory bandwidth: the import
+        # leaves its peak_fraction null)
+        host_copy = "peak_fraction" in row and not _is_number(row.get("peak_fraction")) and row.get("gbps") is not None
+        if _is_number(facts.peak_gbps) and facts.peak_gbps > 0 and not host_copy:
             fraction = gbps / facts.peak_gbps
             numbers.update(peak_gbps=float(facts.peak_gbps), peak_fraction=fraction)
             device = f"the {facts.device_name}'s" if facts.device_name else "the device's"

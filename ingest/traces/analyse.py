@@ -43,6 +43,9 @@ _GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)")
 _KERNEL_LAUNCH = re.compile(r"\w*(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
 # stream capture into a CUDA / HIP graph: launches between these record kernels, they do not run them
 _CAPTURE = re.compile(r"^(cuda|hip|cu)StreamBeginCapture")
+# a copy to or from host memory ("Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pinned)"):
+# PCIe / NVLink-C2C bound, so no fraction of the GPU's memory bandwidth says how fast it ran
+_HOST_COPY = re.compile(r"Memcpy (HtoD|DtoH|HtoH|HtoA|AtoH)\b|Pageable|Pinned|\bHost\b", re.IGNORECASE)
 # a Python frame as torch names it, `file(line): function`; the file need not end in .py (a script
 # run as `python bench`, code compiled from a string, a notebook cell `<ipython-input-3-...>`)
 _SOURCE_LINE = re.compile(r"\(\d+\): \S")
@@ -738,7 +741,10 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
              "input_dtypes": _group_dtypes(group, kernels, n_groups)}
     device = find_device(find_device_name(trace)) if not kernels.from_cpu_ops else None
     roofline = _roofline_columns(trace, kernels, group, n_groups, device, sites)
+    host_copy = (np.asarray([bool(_HOST_COPY.search(str(n))) for n in stats["name"]], bool)
+                 & np.isin(stats["category"], COPY_CATEGORIES))
     stats.update({column: roofline[column] for column in roofline.columns})
+    stats["bandwidth_fraction"] = np.where(host_copy, math.nan, stats["bandwidth_fraction"])
     stats["graph_layers"] = _group_layers(group, sites.layer if sites is not None else np.full(len(group), -1),
                                           n_groups)
     # calls and time count every kernel (as key_averages does); the per-step figures only the
@@ -759,6 +765,7 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         # a GPU workload profiled without its kernels: an op's host time is its dispatch, not its traffic
         stats["gbps"] = np.full(n_groups, math.nan)
     stats["peak_fraction"] = stats["gbps"] / peak if peak else np.full(n_groups, math.nan)
+    stats["peak_fraction"] = np.where(host_copy, math.nan, stats["peak_fraction"])  # not an HBM-bound copy
     # largest time first, then by name; groups of equal time and name in the order they appeared
     _, name_rank = np.unique(stats["name"], return_inverse=True)
     order = np.lexsort((name_rank.reshape(-1), -stats["total_us"]))
