@@ -161,3 +161,17 @@ def test_series_without_a_gpu_name_are_labelled_as_such(writable_db, open_page, 
     engines.select_index(engines.options.index("not recorded")).run()  # the plain trace import's engine
     assert not at.exception
     assert at.selectbox(key="url_gpu").options == ["none recorded (CPU runs, or traces without GPU properties)"]
+
+
+def test_a_series_of_runs_without_a_variant_says_so(tmp_path, open_page):
+    # two real H100 traces of TraceLens imported as two commits, with no --variant
+    from ingest.cli import main
+    from tests.helpers import DATA
+
+    db = tmp_path / "novariant.duckdb"
+    for name, commit in (("tracelens__h100__gaunernst_bert-small-uncased__1016001.json.gz", "c1"),
+                         ("tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", "c2")):
+        assert main(["import", str(DATA / "wild" / name), "--db", str(db), "--repo", "demo", "--commit", commit]) == 0
+    at = open_page(db, "trends")
+    assert not at.exception
+    assert any(m.value.endswith("2 runs at 2 commits, variants: none given") for m in at.markdown)

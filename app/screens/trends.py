@@ -75,7 +75,7 @@ if series.empty:
             "They are listed below.")
 else:
     commits = trend["commit_order"].nunique()
-    variants = ", ".join(sorted(trend["variant"].unique()))
+    variants = ", ".join(sorted(v or "none given" for v in trend["variant"].unique()))  # '' is a run's missing variant
     st.markdown(format_markdown("**{}** — {} runs at {} commit{}, variants: {}", describe_workload(keys[workload_id]),
                                 len(trend), commits, "s" if commits != 1 else "", variants))
     left, right = st.columns([1, 1.4])
