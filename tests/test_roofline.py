@@ -423,30 +423,8 @@ def test_the_roofline_is_not_drawn_without_a_device_or_without_shapes_and_says_w
     assert roofline.explain_missing(kernels, None).startswith("No roofline: the run's GPU is not in")
 
 
-def test_bars_of_kernels_that_share_a_short_name_are_drawn_apart(tmp_path):
-    # the H100 Qwen trace (TraceLens): torch's unrolled elementwise copy kernel, launched by several
-    # ops, moves bytes at different rates; one bar per kernel row, named by its op where they share a name
-    from app import charts, roofline
-    from ingest.cli import main
-
-    db = tmp_path / "q.duckdb"
-    assert main(["import", str(DATA / "wild" / "tracelens__h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"),
-                 "--db", str(db)]) == 0
-    with open_db(db, read_only=True) as store:
-        kernels, run = store.list_kernels(1), store.get_run(1)
-    points = roofline.roofline_points(kernels)
-    flat = points[points["flat"]]
-    assert flat["short_name"].duplicated().any()  # the case: rows that a bar chart would draw as one
-    assert not flat["row_name"].duplicated().any()
-    spec = charts.roofline_chart(points, roofline.roof_lines(run["roofline"], points),
-                                 roofline.bandwidth_roofs(run["roofline"])).to_dict()
-    bars_layer = spec["vconcat"][1]["layer"][0]
-    assert bars_layer["encoding"]["y"]["field"] == "row_name"
-    assert len({b["row_name"] for b in spec["datasets"][bars_layer["data"]["name"]]}) == len(flat)
-
-
-def test_the_roofs_legend_names_only_the_roofs_drawn(tmp_path):
-    # an H100 (TraceLens): its datasheet's ceilings, none measured on the card
+def _h100_roofline(tmp_path):
+    """The H100 Qwen trace of TraceLens imported on its own: (its roofline points, roofs, chart spec)."""
     from app import charts, roofline
     from ingest.cli import main
 
@@ -457,7 +435,24 @@ def test_the_roofs_legend_names_only_the_roofs_drawn(tmp_path):
         kernels, run = store.list_kernels(1), store.get_run(1)
     points = roofline.roofline_points(kernels)
     roofs = roofline.roof_lines(run["roofline"], points)
+    return points, roofs, charts.roofline_chart(points, roofs, roofline.bandwidth_roofs(run["roofline"])).to_dict()
+
+
+def test_bars_of_kernels_that_share_a_short_name_are_drawn_apart(tmp_path):
+    # torch's unrolled elementwise copy kernel, launched by several ops, moves bytes at different
+    # rates: one bar per kernel row, named by its op where they share a name
+    points, _, spec = _h100_roofline(tmp_path)
+    flat = points[points["flat"]]
+    assert flat["short_name"].duplicated().any()  # the case: rows that a bar chart would draw as one
+    assert not flat["row_name"].duplicated().any()
+    bars_layer = spec["vconcat"][1]["layer"][0]
+    assert bars_layer["encoding"]["y"]["field"] == "row_name"
+    assert len({b["row_name"] for b in spec["datasets"][bars_layer["data"]["name"]]}) == len(flat)
+
+
+def test_the_roofs_legend_names_only_the_roofs_drawn(tmp_path):
+    # an H100: its datasheet's ceilings, none measured on the card
+    _, roofs, spec = _h100_roofline(tmp_path)
     assert set(roofs["basis"]) == {"datasheet"}
-    spec = charts.roofline_chart(points, roofs, roofline.bandwidth_roofs(run["roofline"])).to_dict()
     line = next(layer for layer in spec["vconcat"][0]["layer"] if layer["mark"]["type"] == "line")
     assert line["encoding"]["strokeDash"]["scale"]["domain"] == ["datasheet"]
