@@ -322,3 +322,28 @@ def test_a_copy_to_or_from_the_host_is_not_rated_against_the_gpus_memory_bandwid
     assert t["gbps"][host] > 0 and math.isnan(t["peak_fraction"][host]) and math.isnan(t["bandwidth_fraction"][host])
     device = next(i for i in range(len(t)) if t["name"][i].startswith("Memcpy DtoD") and t["gbps"][i] > 0)
     assert t["peak_fraction"][device] > 0 and t["bandwidth_fraction"][device] > 0
+
+
+def test_a_kernel_rows_gb_per_s_is_its_bytes_over_its_time_when_its_calls_differ_in_size():
+    # HTA's V100 trace: 333 device-to-device copies launched by aten::copy_, of 74 sizes (4 B to MBs);
+    # the row's GB/s is all their bytes over all their time (the median size over the mean time was
+    # 50x lower than the roofline's TB/s of the same row)
+    path = WILD / "hta__trace_diff__test.json.gz"
+    events = _events(path)
+    launches = {_corr(e): e for e in events if e.get("cat") in LAUNCH_CATS and _corr(e) is not None}
+    copies = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::copy_"]
+
+    def in_copy(launch) -> bool:
+        return any(c["tid"] == launch["tid"] and c["ts"] <= launch["ts"] <= c["ts"] + c["dur"] for c in copies)
+
+    dtod = [e for e in events if e.get("cat") == "gpu_memcpy" and e["name"].startswith("Memcpy DtoD")
+            and _corr(e) in launches and in_copy(launches[_corr(e)])]
+    assert len(dtod) == 333 and len({e["args"]["bytes"] for e in dtod}) > 50
+    # (stepwatch counts a copy's bytes read and written, twice the payload CUPTI records)
+    want_gbps = 2 * sum(e["args"]["bytes"] for e in dtod) / sum(e["dur"] for e in dtod) / 1e3
+    f = analyse_trace(read_trace(str(path)), RULES)
+    t = f.kernel_stats
+    (row,) = [i for i in range(len(t)) if t["name"][i].startswith("Memcpy DtoD") and t["launcher"][i] == "aten::copy_"]
+    assert t["calls"][row] == 333
+    assert t["gbps"][row] == pytest.approx(want_gbps, rel=1e-9)
+    assert t["gbps"][row] == pytest.approx(t["tbps"][row] * 1e3, rel=1e-9)

@@ -753,7 +753,10 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
         stats["calls_per_step"] = groups.sum(in_step) / n_steps
         stats["ms_per_step"] = groups.sum(np.where(in_step, dur, 0.0)) / n_steps / 1e3
         stats["share"] = total / total_us if total_us > 0 else np.full(n_groups, math.nan)
-        stats["gbps"] = bytes_per_call / stats["mean_us"] / 1e3
+        # the group's bytes over its time: calls of different sizes (one copy kernel moving 200 KB
+        # and 20 MB) make the median bytes over the mean time no rate at all
+        moved = groups.sum(np.where(np.isnan(kernels.bytes_per_call), 0.0, kernels.bytes_per_call))
+        stats["gbps"] = np.where(np.isnan(bytes_per_call), math.nan, moved / total / 1e3)
     peak = device.datasheet.get("hbm_gbps") if device else None
     if peak:
         # an estimate above the device's peak cannot be the real traffic (the op did not read
