@@ -66,6 +66,15 @@ if HAS_TRITON:
         return src
 
     @triton.jit
+    def _write_index(index_ptr, base, n_pieces, CHUNKS: tl.constexpr, PIECES: tl.constexpr,
+                     INDEX_ROWS: tl.constexpr):
+        """index[t] = t for the rows whose first piece is in the block of pieces [base, base + CHUNKS)."""
+        first = tl.cdiv(base, PIECES)
+        end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
+        tt = first + tl.arange(0, INDEX_ROWS)
+        tl.store(index_ptr + tt, tt, mask=tt < end)
+
+    @triton.jit
     def _study_gather_kernel(pool_ptr, rows_ptr, index_ptr, count_ptr, out_ptr, n_max, capacity, pool_stride,
                              out_stride, PAGE: tl.constexpr, WRITE_INDEX: tl.constexpr, ROWS: tl.constexpr,
                              CHUNKS: tl.constexpr, VEC: tl.constexpr, INDEX_ROWS: tl.constexpr, DIM: tl.constexpr,
@@ -111,10 +120,7 @@ if HAS_TRITON:
                     src_nn = _row_src(rows_ptr, t_nn, mask_nn, PAGE, OFF32)
                     tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
                     if WRITE_INDEX:
-                        first = tl.cdiv(base, PIECES)
-                        end = tl.cdiv(tl.minimum(base + CHUNKS, hi), PIECES)
-                        tt = first + tl.arange(0, INDEX_ROWS)
-                        tl.store(index_ptr + tt, tt, mask=tt < end)
+                        _write_index(index_ptr, base, hi, CHUNKS, PIECES, INDEX_ROWS)
                     base, mask, t, c, x = base + step, mask_n, t_n, c_n, x_n
                     k_n, mask_n, t_n, src_n = k_nn, mask_nn, t_nn, src_nn
             else:
@@ -129,10 +135,7 @@ if HAS_TRITON:
                         src_n = _row_src(rows_ptr, t_n, mask_n, PAGE, OFF32)
                     tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
                     if WRITE_INDEX:
-                        first = tl.cdiv(base, PIECES)
-                        end = tl.cdiv(tl.minimum(base + CHUNKS, hi), PIECES)
-                        tt = first + tl.arange(0, INDEX_ROWS)
-                        tl.store(index_ptr + tt, tt, mask=tt < end)
+                        _write_index(index_ptr, base, hi, CHUNKS, PIECES, INDEX_ROWS)
                     if not PREFETCH:
                         src_n = _row_src(rows_ptr, t_n, mask_n, PAGE, OFF32)
                     base, k, mask, t, src = nxt, k_n, mask_n, t_n, src_n
@@ -183,10 +186,7 @@ if HAS_TRITON:
                 tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None],
                          cache_modifier=OUT_CACHE)
                 if WRITE_INDEX:
-                    first = tl.cdiv(base, PIECES)
-                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
-                    tt = first + tl.arange(0, INDEX_ROWS)
-                    tl.store(index_ptr + tt, tt, mask=tt < end)
+                    _write_index(index_ptr, base, n_pieces, CHUNKS, PIECES, INDEX_ROWS)
                 base += step
                 k = base + tl.arange(0, CHUNKS)
                 t = k // PIECES
@@ -228,10 +228,7 @@ if HAS_TRITON:
                 x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None])
                 tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
                 if WRITE_INDEX:
-                    first = tl.cdiv(base, PIECES)
-                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
-                    tt = first + tl.arange(0, INDEX_ROWS)
-                    tl.store(index_ptr + tt, tt, mask=tt < end)
+                    _write_index(index_ptr, base, n_pieces, CHUNKS, PIECES, INDEX_ROWS)
         elif WRITE_INDEX:  # (the positional path, as kv_cast's)
             _candidate_cast_in_place(pool_ptr, index_ptr, out_ptr, n, pool_stride, out_stride, ROWS, DIM, MAIN, TAIL)
 
@@ -296,10 +293,7 @@ if HAS_TRITON:
                 x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None])
                 tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
                 if WRITE_INDEX:
-                    first = tl.cdiv(base, PIECES)
-                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
-                    tt = first + tl.arange(0, INDEX_ROWS)
-                    tl.store(index_ptr + tt, tt, mask=tt < end)
+                    _write_index(index_ptr, base, n_pieces, CHUNKS, PIECES, INDEX_ROWS)
                 base += step
                 k = base + tl.arange(0, CHUNKS)
                 t = k // PIECES
@@ -335,10 +329,7 @@ if HAS_TRITON:
             x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=mask[:, None])
             tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=mask[:, None])
             if WRITE_INDEX:
-                first = tl.cdiv(base, PIECES)
-                end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
-                tt = first + tl.arange(0, INDEX_ROWS)
-                tl.store(index_ptr + tt, tt, mask=tt < end)
+                _write_index(index_ptr, base, n_pieces, CHUNKS, PIECES, INDEX_ROWS)
             base += step
             k = base + tl.arange(0, CHUNKS)
             t = k // PIECES
@@ -371,10 +362,7 @@ if HAS_TRITON:
                 x = tl.load(pool_ptr + src * pool_stride + c + v, mask=mask)
                 tl.store(out_ptr + t * out_stride + c + v, _fp8_to_bf16(x), mask=mask)
                 if WRITE_INDEX:
-                    first = tl.cdiv(base, PIECES)
-                    end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
-                    tt = first + tl.arange(0, INDEX_ROWS)
-                    tl.store(index_ptr + tt, tt, mask=tt < end)
+                    _write_index(index_ptr, base, n_pieces, CHUNKS, PIECES, INDEX_ROWS)
                 base += step
         elif WRITE_INDEX:  # (the positional path, as kv_cast's)
             _candidate_cast_in_place(pool_ptr, index_ptr, out_ptr, n, pool_stride, out_stride, ROWS, DIM, MAIN, TAIL)
@@ -395,10 +383,7 @@ if HAS_TRITON:
         x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=m)
         tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=m)
         if WRITE_INDEX:
-            first = tl.cdiv(base, PIECES)
-            end = tl.cdiv(tl.minimum(base + CHUNKS, n_pieces), PIECES)
-            tt = first + tl.arange(0, INDEX_ROWS)
-            tl.store(index_ptr + tt, tt, mask=tt < end)
+            _write_index(index_ptr, base, n_pieces, CHUNKS, PIECES, INDEX_ROWS)
 
     @triton.jit
     def _candidate_cast_in_place(pool_ptr, index_ptr, out_ptr, n, pool_stride, out_stride, ROWS: tl.constexpr,
