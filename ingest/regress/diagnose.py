@@ -349,21 +349,16 @@ def _bandwidth_findings(row: Mapping[str, Any], facts: RunFacts) -> list[Finding
         return [Finding("no_bytes", "Its bytes per call are unknown: the trace has no op shapes for it (a "
                         "CUDA-graph replay, a kernel launched outside an op, or record_shapes off); an eager "
                         "capture with record_shapes gives them.", {}, name)]
-    mean_us = row.get("mean_us")
-    gbps = row.get("gbps")
-    if not _is_number(gbps) and _is_number(mean_us) and mean_us > 0:
-        gbps = bytes_per_call / (mean_us * 1e3)
+    # the rate and the fraction of peak are the import's (ingest/traces/analyse.aggregate): all the
+    # calls' bytes over their time, and none for a copy to or from host memory
+    gbps, fraction = row.get("gbps"), row.get("peak_fraction")
     numbers = {"bytes_per_call": float(bytes_per_call)}
     text = f"It moves {_fmt_bytes(bytes_per_call)} per call"
     if _is_number(gbps):
         numbers["gbps"] = float(gbps)
         text += f" at {gbps:,.0f} GB/s"
-        # (a copy to or from host memory has no fraction of the GPU's memory bandwidth: the import
-        # leaves its peak_fraction null)
-        host_copy = "peak_fraction" in row and not _is_number(row.get("peak_fraction")) and row.get("gbps") is not None
-        if _is_number(facts.peak_gbps) and facts.peak_gbps > 0 and not host_copy:
-            fraction = gbps / facts.peak_gbps
-            numbers.update(peak_gbps=float(facts.peak_gbps), peak_fraction=fraction)
+        if _is_number(facts.peak_gbps) and facts.peak_gbps > 0 and _is_number(fraction):
+            numbers.update(peak_gbps=float(facts.peak_gbps), peak_fraction=float(fraction))
             device = f"the {facts.device_name}'s" if facts.device_name else "the device's"
             text += f": {_fmt_pct(fraction)} of {device} {facts.peak_gbps:,.0f} GB/s peak"
     return [Finding("bandwidth", text + ".", numbers, name)]
