@@ -528,16 +528,16 @@ def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> 
     method, step, host_us, notes = _find_steps(trace, kernels, given_steps)
     outside = kernels.outside_window
     # (were every kernel outside, the window would hold nothing: keep the placing by time then)
-    if outside is not None and method != "given" and outside.any() and not outside.all():
+    set_apart = outside is not None and method != "given" and outside.any() and not outside.all()
+    if set_apart:
         step = np.where(outside, -1, step)
     if method in ("profiler-step", "span") and len(step) and not (step >= 0).any():
         # markers that hold none of the kernels (zero-length, or far from them) time nothing:
         # read the trace as one step rather than report empty steps
         notes = [f"its {len(host_us)} step markers ({method}) hold none of its kernels (zero-length or far from "
                  "them): the whole profiled window is read as one step instead"]
-        method, step, host_us = "whole-trace", np.zeros(len(step), np.int64), np.full(1, math.nan)
-        if outside is not None and outside.any() and not outside.all():
-            step = np.where(outside, -1, step)
+        method, host_us = "whole-trace", np.full(1, math.nan)
+        step = np.where(outside, -1, 0) if set_apart else np.zeros(len(step), np.int64)
     n = len(host_us)
     wall = host_us.copy()
     if not kernels.from_cpu_ops or np.isnan(wall).any():
