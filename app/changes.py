@@ -62,12 +62,13 @@ def format_rel_change(rel_change: float) -> str:
     return "new (0 before)" if math.isinf(rel_change) else format_rel(rel_change)
 
 
-def describe_between(commits_between: int, bisect_runs: int) -> str:
-    """The unmeasured commits between the last good and the first bad commit, and the bisect."""
+def describe_between(commits_between: int, bisect_runs: int, last: str = "last good", first: str = "first bad") -> str:
+    """The unmeasured commits between the change's last commit before it (`last`: "last good" for a
+    regression) and its first commit (`first`), and the bisect."""
     if commits_between == 0 and bisect_runs == 0:
-        return "No unmeasured commit between the last good and the first bad commit."
-    text = (f"{commits_between} unmeasured commit{'s' if commits_between != 1 else ''} between the last good "
-            f"and the first bad commit")
+        return f"No unmeasured commit between the {last} and the {first} commit."
+    text = (f"{commits_between} unmeasured commit{'s' if commits_between != 1 else ''} between the {last} "
+            f"and the {first} commit")
     return text + f"; bisecting: {bisect_runs} run{'s' if bisect_runs != 1 else ''} so far."
 
 

@@ -94,6 +94,9 @@ def test_regressions_confirm_the_regression_and_the_fix(samples_db, open_page):
     assert "First bad commit `d445ae3` mla: cast the FP8 KV pool to BF16 before attention" in text
     # the fix is no "bad" commit: its card names the first improved one
     assert "First improved commit `bd182fd`" in text and "First bad commit `bd182fd`" not in text
+    assert "(previous `6806b21`)" in text
+    assert any(c.value.endswith("No unmeasured commit between the previous and the first improved commit.")
+               for c in at.caption)
 
 
 def test_two_runs_of_one_commit_9_percent_apart_are_within_noise(samples_db, open_page):

@@ -56,6 +56,8 @@ with cols[2]:
 with cols[3]:
     kind = select_in_url("Metric", list(KINDS), "kind", format_func=KINDS.get)
 
+# a change's first commit and the last one before it: "bad" and "good" only for a regression
+COMMIT_WORDS = {"regression": ("first bad", "last good"), "improvement": ("first improved", "previous")}
 shown = filter_changes(changes, repo, series_id, direction, kind)
 st.caption(f"{len(shown)} of {len(changes)} confirmed changes, newest first (by first bad commit).")
 for change in shown.itertuples():
@@ -66,17 +68,13 @@ for change in shown.itertuples():
                                     format_metric_value(change.metric, change.after_value),
                                     format_rel_change(change.rel_change), change.p_value))
         date = Markdown(f"{change.first_bad_date:%Y-%m-%d %H:%M}") if pd.notna(change.first_bad_date) else "no date"
-        # (the change's first commit: "bad" for a regression, the first better one for an improvement)
-        first, last = (("First bad commit", "last good") if change.direction == "regression" else
-                       ("First improved commit", "last before it"))
-        st.markdown(format_markdown("{} {:code} {} · {} · {} ({} {:code})", first,
+        first, last = COMMIT_WORDS[change.direction]
+        st.markdown(format_markdown("{} commit {:code} {} · {} · {} ({} {:code})", first.capitalize(),
                                     change.first_bad_short_sha, change.first_bad_subject, date,
                                     change.first_bad_author or "unknown author", last, change.last_good_sha[:7]))
         st.caption(format_markdown("{} · {}", series_names[change.series_id],
-                                   describe_between(change.commits_between, change.bisect_runs)))
-        st.page_link("screens/compare.py", label=("Compare the last good and the first bad run"
-                                                  if change.direction == "regression" else
-                                                  "Compare the run before and the first improved run"),
+                                   describe_between(change.commits_between, change.bisect_runs, last, first)))
+        st.page_link("screens/compare.py", label=f"Compare the {last} and the {first} run",
                      icon=":material/compare_arrows:",
                      query_params={"a": str(change.last_good_run_id), "b": str(change.first_bad_run_id),
                                    "by": "runs"})
