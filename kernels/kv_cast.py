@@ -291,16 +291,27 @@ def cast_rows_fp8_to_bf16(
 #
 # Capacity: the scratch holds `capacity` entries (rows, or pages of PAGE rows). A batch whose
 # requests share prefix pages can reference more entries than the pool has; when the live
-# count exceeds the capacity the kernels cast the rows at their own positions instead (the
-# caller then sizes the scratch like the pool) and leave the row ids as they are.
+# count exceeds the capacity the kernels cast at their own positions instead (the caller then
+# sizes the scratch like the pool): the rows path the referenced rows, leaving the row ids as
+# they are; the pages path the whole pool, its table keeping the original page numbers.
+#
+# The pages path is two kernels: the plan (live page list, count, compacted table), which reads
+# the table and lengths only, and the gather, which reads a layer's pool through the plan; a
+# serving engine plans once per forward and gathers in every layer (kernels/BENCHMARKS.md
+# section 6: the plan in every layer cost 2-4 us a layer, cold, at every grid point).
 
 # Bounded grid: compact gathers move CHUNKS pieces of VEC elements per loop iteration, positional
 # ones ROWS whole rows; kernels.studies.serving_grid sweeps these on the GPU (kernels/BENCHMARKS.md
-# section 6). Pieces of 8: each thread loads a piece's 8 FP8 bytes and stores its 8 BF16 (16 bytes)
-# itself; with pieces of 16 Triton loads 16 bytes a thread but stores 16 bytes (8 BF16) a thread, so
-# the cast values were shuffled between threads through shared memory, with a barrier, every block
-# (1-2 % slower at every grid point on the H200, 2026-12-01 session 9).
-LIVE_CONFIG = {"ROWS": 16, "CHUNKS": 1024, "VEC": 8, "PROGRAMS_PER_SM": 32, "num_warps": 8}
+# section 6). ROWS 4: the positional path's whole-row tiles set the kernel's registers; with 4 rows
+# the compact path of every variant compiles to 32 (pieces of 8) or 40 registers, with 16 to 40-48.
+# IDS_EVICT "evict_last": the count and row-id loads ask L2 to keep those lines, which every layer
+# of a step reads again (the pool rows and the scratch are each layer's own); on the H200 the later
+# layers then find them in L2 through the 256 MB written between calls (kernels.studies.step_study).
+# Pieces of 16 at 256 a block, 4 warps: Triton loads 16 FP8 a thread and stores 8 BF16 a thread, so
+# the values cross threads through shared memory; pieces of 8 (1,024 a block, 8 warps) avoid that
+# and are 1-2.5 % faster from 131K live rows up, but 0.1-0.3 us slower at 8K-32K live rows, where
+# the gather is furthest from the copy bandwidth (2026-12-01, session 10, both measured in one run).
+LIVE_CONFIG = {"ROWS": 4, "CHUNKS": 256, "VEC": 16, "PROGRAMS_PER_SM": 32, "num_warps": 4, "IDS_EVICT": "evict_last"}
 # Page-table index kernel: one program row per request, SPLIT programs each, BLOCK entries a step.
 PAGE_INDEX_CONFIG = {"BLOCK": 1024, "SPLIT": 8, "num_warps": 4}
 
@@ -358,13 +369,17 @@ if HAS_TRITON:
         MAIN: tl.constexpr,
         TAIL: tl.constexpr,
         OFFSETS_32: tl.constexpr,
+        IDS_EVICT: tl.constexpr,
     ):
         """Compact gather-cast of n = min(count[0], n_max) live entries, with a bounded grid.
 
         n <= capacity: out[t] = bf16(pool[rows[t // PAGE] * PAGE + t % PAGE]) for t < n * PAGE
         (an entry is a row, or a page of PAGE rows), and with WRITE_INDEX index[t] = t.
-        n > capacity (WRITE_INDEX only): out[index[i]] = bf16(pool[index[i]]) for i < n, rows cast
+        n > capacity, WRITE_INDEX (rows): out[index[i]] = bf16(pool[index[i]]) for i < n, rows cast
         at their own positions into a pool-shaped out; index is left as it is.
+        n > capacity, no WRITE_INDEX (pages): out[t] = bf16(pool[t]) for every t < capacity * PAGE,
+        the whole pool cast at its own positions (out is pool-shaped: more pages are referenced
+        than the pool has, so this moves no more than a cast of the referenced pages would).
 
         Compact: the live rows are cut into VEC-element pieces, piece k = (row t, column c) with
         t = k // (DIM // VEC); program p moves pieces [base, base + CHUNKS) for base = p * CHUNKS,
@@ -376,9 +391,11 @@ if HAS_TRITON:
         OFFSETS_32: the compact path computes piece numbers, row numbers and element offsets in
         int32 (the launcher sets it only when every one of them fits, see _fits_int32), int64
         otherwise (pools or scratches of 2**31 elements or more). int32 takes fewer registers and
-        address instructions (sm_90: 39-40 registers against 48; kernels/BENCHMARKS.md section 6).
+        address instructions (kernels/BENCHMARKS.md section 6).
+        IDS_EVICT: the L2 eviction policy of the count and row-id loads ("evict_last": every layer
+        of a step reads the same ones, kernels/BENCHMARKS.md section 6), "" for the default.
         """
-        n = tl.minimum(tl.load(count_ptr).to(tl.int64), n_max)
+        n = tl.minimum(tl.load(count_ptr, eviction_policy=IDS_EVICT).to(tl.int64), n_max)
         base = tl.program_id(0) * CHUNKS
         if OFFSETS_32:
             n = n.to(tl.int32)
@@ -395,9 +412,10 @@ if HAS_TRITON:
             while base < n_pieces:
                 mask = k < n_pieces
                 if PAGE == 1:  # the pool row of each piece, in the offsets' type (t's)
-                    src = tl.load(rows_ptr + t, mask=mask, other=0).to(t.dtype)
+                    src = tl.load(rows_ptr + t, mask=mask, other=0, eviction_policy=IDS_EVICT).to(t.dtype)
                 else:
-                    src = tl.load(rows_ptr + t // PAGE, mask=mask, other=0).to(t.dtype) * PAGE + t % PAGE
+                    src = (tl.load(rows_ptr + t // PAGE, mask=mask, other=0, eviction_policy=IDS_EVICT).to(t.dtype)
+                           * PAGE + t % PAGE)
                 c = (k % (DIM // VEC)) * VEC
                 m = mask[:, None]
                 x = tl.load(pool_ptr + (src * pool_stride + c)[:, None] + v, mask=m)
@@ -410,14 +428,21 @@ if HAS_TRITON:
                 base += step
                 k = base + tl.arange(0, CHUNKS)
                 t = k // (DIM // VEC)
-        elif WRITE_INDEX:
+        else:  # positional: whole rows, blocks of ROWS; the rows path's live rows, or every pool row
             step = tl.num_programs(0)
             blk = tl.program_id(0).to(tl.int64)
-            n_blocks = tl.cdiv(n, ROWS)
+            if WRITE_INDEX:
+                n_rows = n.to(tl.int64)
+            else:
+                n_rows = capacity.to(tl.int64) * PAGE
+            n_blocks = tl.cdiv(n_rows, ROWS)
             while blk < n_blocks:
                 i = blk * ROWS + tl.arange(0, ROWS)
-                mask = i < n
-                src = tl.load(index_ptr + i, mask=mask, other=0).to(tl.int64)
+                mask = i < n_rows
+                if WRITE_INDEX:
+                    src = tl.load(index_ptr + i, mask=mask, other=0).to(tl.int64)
+                else:
+                    src = i
                 _move_rows(pool_ptr, out_ptr, src, src, mask, pool_stride, out_stride, DIM, MAIN, TAIL)
                 blk += step
 
@@ -440,32 +465,26 @@ if HAS_TRITON:
         flat_ptr,
         count_ptr,
         table_out_ptr,
-        pool_ptr,
-        out_ptr,
         bs,
         width,
         table_stride,
         table_out_stride,
         capacity,
-        pool_stride,
-        out_stride,
         PAGE: tl.constexpr,
         BS_BLOCK: tl.constexpr,
         BLOCK: tl.constexpr,
-        ROWS: tl.constexpr,
-        DIM: tl.constexpr,
-        MAIN: tl.constexpr,
-        TAIL: tl.constexpr,
     ):
         """The compacted page plan of request b = program_id(0) (axis 1 splits its pages).
 
         Request b reads pages table[b, :np_b], np_b = min(cdiv(seq_lens[b], PAGE), width);
         start_b is the sum of np over the requests before b, total the sum over all of them.
+        Program (0, 0) writes total to count[0].
         total <= capacity: flat[start_b + j] = table[b, j] and table_out[b, j] = start_b + j,
         for _gather_live_kernel to cast flat's pages into the front of out.
-        total > capacity: table_out[b, j] = table[b, j] and this kernel casts those pages at
-        their own positions (out is pool-shaped). Program (0, 0) writes total to count[0].
-        Entries j >= np_b of table_out are not touched.
+        total > capacity: table_out[b, j] = table[b, j] (flat is not written), and
+        _gather_live_kernel casts the whole pool at its own positions (out is pool-shaped).
+        Entries j >= np_b of table_out are not touched. The plan depends on the table and the
+        lengths only, not on a layer's pool: one plan serves every layer of a forward.
         """
         b = tl.program_id(0)
         part = tl.program_id(1)
@@ -481,25 +500,18 @@ if HAS_TRITON:
         row = table_ptr + b.to(tl.int64) * table_stride
         row_out = table_out_ptr + b.to(tl.int64) * table_out_stride
         blk = part.to(tl.int64)
-        if total <= capacity:
-            n_blocks = tl.cdiv(n_b, BLOCK)
-            while blk < n_blocks:
-                j = blk * BLOCK + tl.arange(0, BLOCK)
-                mask = j < n_b
-                tl.store(flat_ptr + start + j, tl.load(row + j, mask=mask), mask=mask)
+        n_blocks = tl.cdiv(n_b, BLOCK)
+        compact = total <= capacity
+        while blk < n_blocks:
+            j = blk * BLOCK + tl.arange(0, BLOCK)
+            mask = j < n_b
+            page = tl.load(row + j, mask=mask)
+            if compact:
+                tl.store(flat_ptr + start + j, page, mask=mask)
                 tl.store(row_out + j, start + j, mask=mask)
-                blk += parts
-        else:
-            n_rows = n_b * PAGE
-            n_blocks = tl.cdiv(n_rows, ROWS)
-            while blk < n_blocks:
-                t = blk * ROWS + tl.arange(0, ROWS)
-                mask = t < n_rows
-                page = tl.load(row + t // PAGE, mask=mask, other=0).to(tl.int64)
-                src = page * PAGE + t % PAGE
-                _move_rows(pool_ptr, out_ptr, src, src, mask, pool_stride, out_stride, DIM, MAIN, TAIL)
-                tl.store(row_out + t // PAGE, page, mask=mask & (t % PAGE == 0))
-                blk += parts
+            else:
+                tl.store(row_out + j, page, mask=mask)
+            blk += parts
 
 
 def _fits_int32(pool2d, out2d, n_max: int, most_rows: int, pieces: int, chunks: int, programs: int) -> bool:
@@ -559,6 +571,7 @@ def _launch_gather_live(pool2d, rows, index, count, out2d, n_max: int, capacity:
         MAIN=main,
         TAIL=tail,
         OFFSETS_32=offsets_32,
+        IDS_EVICT=cfg.get("IDS_EVICT", ""),
         num_warps=cfg["num_warps"],
     )
 
@@ -573,12 +586,10 @@ def _launch_copy_live(src, count, dst) -> None:
     _copy_live_kernel[grid](src, count, dst, n_max, BLOCK=block, num_warps=4)
 
 
-def _launch_index_pages(table, seq_lens, flat, count, table_out, pool2d, out2d, capacity: int, page: int) -> None:
+def _launch_index_pages(table, seq_lens, flat, count, table_out, capacity: int, page: int) -> None:
     """Launch _index_pages_kernel: grid (requests, SPLIT), fixed by the table's shape."""
     cfg = PAGE_INDEX_CONFIG
     bs, width = table.shape
-    dim = pool2d.shape[1]
-    main, tail = _row_tiles(dim)
     split = cfg["SPLIT"] if table.is_cuda else 2
     _index_pages_kernel[(bs, split)](
         table,
@@ -586,22 +597,14 @@ def _launch_index_pages(table, seq_lens, flat, count, table_out, pool2d, out2d, 
         flat,
         count,
         table_out,
-        pool2d,
-        out2d,
         bs,
         width,
         table.stride(0),
         table_out.stride(0),
         capacity,
-        pool2d.stride(0),
-        out2d.stride(0),
         PAGE=page,
         BS_BLOCK=max(16, triton.next_power_of_2(bs)),
         BLOCK=cfg["BLOCK"],
-        ROWS=LIVE_CONFIG["ROWS"],
-        DIM=dim,
-        MAIN=main,
-        TAIL=tail,
         num_warps=cfg["num_warps"],
     )
 
@@ -706,6 +709,130 @@ def copy_live_indices(
     return out
 
 
+def _check_page_table(page_table: torch.Tensor, seq_lens: torch.Tensor, dev: torch.device) -> tuple[int, int]:
+    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.stride(1) != 1:
+        raise ValueError(f"page_table: {page_table.dtype} {tuple(page_table.shape)}, expected int32 "
+                         "[bs, width] with contiguous rows")
+    if page_table.device != dev or seq_lens.device != dev:
+        raise ValueError(f"page_table/seq_lens: on {page_table.device}/{seq_lens.device}, pool on {dev}")
+    bs, width = page_table.shape
+    if seq_lens.dim() != 1 or seq_lens.numel() < bs or seq_lens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"seq_lens: {seq_lens.dtype} {tuple(seq_lens.shape)}, expected 1-D int32/int64 [>= {bs}]")
+    return bs, width
+
+
+def _live_pages(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> list[int]:
+    """np_b = min(cdiv(seq_lens[b], page_size), width) per request, on the host (the fallbacks)."""
+    bs, width = page_table.shape
+    lens = seq_lens[:bs].long().clamp(min=0)
+    return ((lens + page_size - 1) // page_size).clamp(max=width).tolist()
+
+
+def plan_live_pages(
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    capacity: int,
+    flat: torch.Tensor,
+    count: torch.Tensor,
+    table_out: torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> None:
+    """The compacted page plan of a paged attention call: one launch, no host sync.
+
+    Request b reads pages page_table[b, :np_b], np_b = min(cdiv(seq_lens[b], page_size), width);
+    count[0] = total = sum(np_b). total <= capacity: flat[start_b + j] = page_table[b, j] and
+    table_out[b, j] = start_b + j (start_b: the pages of the requests before b); otherwise
+    table_out[b, j] = page_table[b, j] and flat is not written. Entries j >= np_b of table_out are
+    not touched. The plan reads the table and the lengths only, so every layer of a forward can
+    share it (gather_cast_planned_pages casts a layer's pages with it); `capacity` must be the
+    gather's, min(out pages, pool pages).
+
+    page_table: [bs, width] int32 with contiguous rows; seq_lens: [>= bs] int32/int64;
+    flat: int32 [>= min(capacity, bs * width)] (at least 1); count: 1-element int32;
+    table_out: int32, the table's shape, contiguous. All on one device.
+    """
+    dev = page_table.device
+    bs, width = _check_page_table(page_table, seq_lens, dev)
+    if page_size < 1 or capacity < 0:
+        raise ValueError(f"page_size/capacity: {page_size}/{capacity}, expected >= 1 / >= 0")
+    if table_out.dtype != torch.int32 or table_out.shape != page_table.shape or not table_out.is_contiguous():
+        raise ValueError(f"table_out: {table_out.dtype} {tuple(table_out.shape)}, expected contiguous "
+                         f"int32 {tuple(page_table.shape)}")
+    _check_index_1d("flat", flat, dev)
+    most = max(1, min(capacity, bs * width))
+    if flat.dtype != torch.int32 or flat.numel() < most:
+        raise ValueError(f"flat: {flat.dtype} [{flat.numel()}], expected int32 [>= {most}]")
+    _check_count("count", count, dev)
+    if bs == 0 or width == 0:
+        count.fill_(0)
+        return
+    if _use_triton(page_table, backend):
+        _launch_index_pages(page_table, seq_lens, flat, count, table_out, capacity, page_size)
+        return
+    pages = _live_pages(page_table, seq_lens, page_size)
+    total = sum(pages)
+    count.fill_(total)
+    start = 0
+    for b, n_b in enumerate(pages):
+        if total <= capacity:
+            flat[start : start + n_b] = page_table[b, :n_b]
+            table_out[b, :n_b] = torch.arange(start, start + n_b, dtype=torch.int32, device=dev)
+        else:
+            table_out[b, :n_b] = page_table[b, :n_b]
+        start += n_b
+
+
+def gather_cast_planned_pages(
+    pool: torch.Tensor,
+    flat: torch.Tensor,
+    count: torch.Tensor,
+    n_max: int,
+    page_size: int,
+    out: torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Cast the pages of a plan (plan_live_pages) into out: one launch of the bounded-grid gather.
+
+    n = min(count[0], n_max) pages, capacity = min(out pages, pool pages). n <= capacity: out's
+    first n pages are the pool pages flat[:n], in order, and the rest of out is not touched.
+    n > capacity (requests sharing pages reference more than the pool has; out is then
+    pool-shaped): every pool page is cast at its own position, out[:capacity pages] =
+    bf16(pool[:capacity pages]), which moves no more than casting the referenced pages would.
+    Returns out.
+
+    pool: [tokens, dim] or [tokens, 1, dim] FP8/uint8, tokens a multiple of page_size; flat:
+    contiguous 1-D int32/int64; count: 1-element int32/int64 read on the device; n_max: the
+    most pages the plan can count (the table's bs x width); out: BF16 [rows, (1,) dim].
+    """
+    pool2d = _as_pool_2d(pool)
+    dev, dim = pool2d.device, pool2d.shape[1]
+    if page_size < 1 or pool2d.shape[0] % page_size:
+        raise ValueError(f"page_size: {page_size}, pool has {pool2d.shape[0]} rows (need a multiple)")
+    _check_index_1d("flat", flat, dev)
+    _check_count("count", count, dev)
+    out2d = _as_rows_2d("out", out, dim, dev)
+    pool_pages = pool2d.shape[0] // page_size
+    capacity = min(out2d.shape[0] // page_size, pool_pages)
+    if flat.numel() < max(1, min(capacity, n_max)):
+        raise ValueError(f"flat: {flat.numel()} entries, fewer than the {min(capacity, n_max)} pages out can hold")
+    if n_max <= 0:
+        return out
+    if _use_triton(pool2d, backend):
+        _launch_gather_live(pool2d, flat, None, count, out2d, n_max, capacity, page=page_size)
+        return out
+    n = max(0, min(int(count.reshape(()).item()), n_max))
+    pool_paged = pool2d.view(pool_pages, page_size * dim)
+    out_paged = out2d[: capacity * page_size].view(capacity, page_size * dim)
+    if n <= capacity:
+        out_paged[:n] = pool_paged[flat[:n].long()].to(BF16)
+    else:
+        out_paged[:] = pool_paged[:capacity].to(BF16)
+    return out
+
+
 def gather_cast_live_pages(
     pool: torch.Tensor,
     page_table: torch.Tensor,
@@ -718,60 +845,38 @@ def gather_cast_live_pages(
 ) -> torch.Tensor:
     """Cast the pages a paged attention call reads, compacted, and write the compacted table.
 
-    Request b reads pages page_table[b, :np_b], np_b = min(cdiv(seq_lens[b], page_size), width).
-    With total = sum(np_b) and capacity = len(out) // page_size pages:
-    total <= capacity: the pages are cast in request order into the front of out and
-    table_out[b, j] = (pages before request b) + j; total > capacity (shared pages): out must be
-    pool-shaped, each page is cast at its own position and table_out[b, j] = page_table[b, j].
-    table_out[b, j] for j >= np_b and the rest of out are not touched. Returns out.
+    plan_live_pages then gather_cast_planned_pages (two launches; a forward's later layers can
+    reuse the plan and skip the first). Request b reads pages page_table[b, :np_b], np_b =
+    min(cdiv(seq_lens[b], page_size), width). With total = sum(np_b) and capacity = min(out
+    pages, pool pages): total <= capacity: the pages are cast in request order into the front of
+    out and table_out[b, j] = (pages before request b) + j; total > capacity (shared pages): out
+    must be pool-shaped, the whole pool is cast at its own positions and table_out[b, j] =
+    page_table[b, j]. table_out[b, j] for j >= np_b (and, compact, the rest of out) are not
+    touched. Returns out.
 
     pool: [tokens, dim] or [tokens, 1, dim] FP8/uint8 with tokens a multiple of page_size;
     page_table: [bs, width] int32 with contiguous rows; seq_lens: [>= bs] int32/int64 (device,
     read inside the kernel); out: BF16 [capacity * page_size, (1,) dim]; table_out: int32, the
-    table's shape, contiguous. Two launches: the index kernel, then the bounded-grid gather.
+    table's shape, contiguous.
     """
     pool2d = _as_pool_2d(pool)
     dev, dim = pool2d.device, pool2d.shape[1]
     if page_size < 1 or pool2d.shape[0] % page_size:
         raise ValueError(f"page_size: {page_size}, pool has {pool2d.shape[0]} rows (need a multiple)")
-    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.stride(1) != 1:
-        raise ValueError(f"page_table: {page_table.dtype} {tuple(page_table.shape)}, expected int32 "
-                         "[bs, width] with contiguous rows")
-    if page_table.device != dev or seq_lens.device != dev:
-        raise ValueError(f"page_table/seq_lens: on {page_table.device}/{seq_lens.device}, pool on {dev}")
-    bs, width = page_table.shape
-    if seq_lens.dim() != 1 or seq_lens.numel() < bs or seq_lens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"seq_lens: {seq_lens.dtype} {tuple(seq_lens.shape)}, expected 1-D int32/int64 [>= {bs}]")
+    bs, width = _check_page_table(page_table, seq_lens, dev)
     if table_out.dtype != torch.int32 or table_out.shape != page_table.shape or not table_out.is_contiguous():
         raise ValueError(f"table_out: {table_out.dtype} {tuple(table_out.shape)}, expected contiguous "
                          f"int32 {tuple(page_table.shape)}")
     out2d = _as_rows_2d("out", out, dim, dev)
-    capacity = out2d.shape[0] // page_size
     pool_pages = pool2d.shape[0] // page_size
+    capacity = min(out2d.shape[0] // page_size, pool_pages)
     if capacity < min(bs * width, pool_pages):
-        raise ValueError(f"out: {capacity} pages; needs min(bs * width, pool pages) = "
+        raise ValueError(f"out: {out2d.shape[0] // page_size} pages; needs min(bs * width, pool pages) = "
                          f"{min(bs * width, pool_pages)} so that any live count fits")
     if bs == 0 or width == 0:
         return out
-    if _use_triton(pool2d, backend):
-        flat = torch.empty(max(1, min(capacity, bs * width)), dtype=torch.int32, device=dev)
-        count = torch.empty(1, dtype=torch.int32, device=dev)
-        _launch_index_pages(page_table, seq_lens, flat, count, table_out, pool2d, out2d, capacity, page_size)
-        _launch_gather_live(pool2d, flat, None, count, out2d, bs * width, capacity, page=page_size)
-        return out
-    lens = seq_lens[:bs].long().clamp(min=0)
-    pages = ((lens + page_size - 1) // page_size).clamp(max=width).tolist()
-    pool_paged = pool2d.view(pool_pages, page_size * dim)
-    out_paged = out2d[: capacity * page_size].view(capacity, page_size * dim)
-    compact = sum(pages) <= capacity
-    start = 0
-    for b, n_b in enumerate(pages):
-        used = page_table[b, :n_b].long()
-        if compact:
-            out_paged[start : start + n_b] = pool_paged[used].to(BF16)
-            table_out[b, :n_b] = torch.arange(start, start + n_b, dtype=torch.int32, device=dev)
-        else:
-            out_paged[used] = pool_paged[used].to(BF16)
-            table_out[b, :n_b] = page_table[b, :n_b]
-        start += n_b
+    flat = torch.empty(max(1, min(capacity, bs * width)), dtype=torch.int32, device=dev)
+    count = torch.empty(1, dtype=torch.int32, device=dev)
+    plan_live_pages(page_table, seq_lens, page_size, capacity, flat, count, table_out, backend=backend)
+    gather_cast_planned_pages(pool2d, flat, count, bs * width, page_size, out2d, backend=backend)
     return out

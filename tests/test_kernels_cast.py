@@ -22,6 +22,8 @@ from kernels.kv_cast import (
     gather_cast_fp8_to_bf16,
     gather_cast_live_pages,
     gather_cast_live_rows,
+    gather_cast_planned_pages,
+    plan_live_pages,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +115,22 @@ def test_cast_rows_writes_only_the_referenced_rows():
         (lambda: gather_cast_live_pages(torch.zeros(8, 4, dtype=torch.uint8), torch.zeros(2, 3, dtype=torch.int32),
                                         torch.zeros(2, dtype=torch.int32), 3, torch.zeros(8, 4, dtype=torch.bfloat16),
                                         torch.zeros(2, 3, dtype=torch.int32)), "page_size: 3"),
+        (lambda: plan_live_pages(torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 1, 6,
+                                 torch.zeros(5, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
+                                 torch.zeros(2, 3, dtype=torch.int32)),
+         "flat: torch.int32 \\[5\\], expected int32 \\[>= 6\\]"),
+        (lambda: plan_live_pages(torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 1, 6,
+                                 torch.zeros(6, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                                 torch.zeros(2, 3, dtype=torch.int32)), "count: expected a 1-element"),
+        (lambda: plan_live_pages(torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 1, 6,
+                                 torch.zeros(6, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
+                                 torch.zeros(3, 2, dtype=torch.int32)), "table_out:"),
+        (lambda: gather_cast_planned_pages(torch.zeros(8, 4, dtype=torch.uint8), torch.zeros(3, dtype=torch.int32),
+                                           torch.zeros(1, dtype=torch.int32), 6, 1,
+                                           torch.zeros(6, 4, dtype=torch.bfloat16)), "flat: 3 entries"),
+        (lambda: gather_cast_planned_pages(torch.zeros(8, 4, dtype=torch.uint8), torch.zeros(6, dtype=torch.int32),
+                                           torch.zeros(1, dtype=torch.int32), 6, 3,
+                                           torch.zeros(6, 4, dtype=torch.bfloat16)), "page_size: 3"),
     ],
 )
 def test_bad_arguments_name_the_argument(call, message):
@@ -177,6 +195,44 @@ def test_live_pages_compact_table_and_overflow():
             start += n
 
 
+def test_live_pages_overflow_casts_the_whole_pool_in_place():
+    """More live pages than the pool has (requests sharing pages): the table is kept and the whole
+    pool is cast at its own positions, unreferenced pages included."""
+    pool = random_pool(64, 13, dim=32)
+    table = torch.randint(0, 16, (6, 10), generator=torch.Generator().manual_seed(14), dtype=torch.int32)
+    lens = torch.tensor([40, 40, 40, 40, 40, 1], dtype=torch.int32)  # 10 x 5 + 1 = 51 pages > 16
+    out = torch.full((64, 1, 32), 9.0, dtype=torch.bfloat16)
+    table_out = torch.full_like(table, -1)
+    gather_cast_live_pages(pool, table, lens, 4, out, table_out)
+    assert_bits_equal(out, pool.view(FP8).to(torch.bfloat16))
+    assert torch.equal(table_out[:5], table[:5]) and table_out[5, 0] == table[5, 0]
+    assert torch.all(table_out[5, 1:] == -1)
+
+
+def test_one_page_plan_serves_every_layer():
+    """plan_live_pages once, gather_cast_planned_pages for three layers' pools: each layer's pages,
+    through the one compacted table, equal the pool's; the plan's buffers are not rewritten."""
+    gen = torch.Generator().manual_seed(15)
+    pools = [random_pool(256, 16 + i, dim=32) for i in range(3)]
+    table = torch.randint(0, 64, (4, 12), generator=gen, dtype=torch.int32)
+    lens = torch.tensor([9, 0, 30, 17], dtype=torch.int32)
+    pages = [3, 0, 8, 5]
+    flat, count = torch.full((48,), -1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    table_out = torch.full_like(table, -1)
+    plan_live_pages(table, lens, 4, 48, flat, count, table_out)
+    assert count.item() == 16 and torch.equal(flat[16:], torch.full((32,), -1, dtype=torch.int32))
+    planned = (flat.clone(), count.clone(), table_out.clone())
+    for pool in pools:
+        out = torch.full((48 * 4, 1, 32), 9.0, dtype=torch.bfloat16)
+        gather_cast_planned_pages(pool, flat, count, table.numel(), 4, out)
+        for b, n in enumerate(pages):
+            got = out.view(-1, 4, 32)[table_out[b, :n].long()]
+            want = pool.view(-1, 4, 32)[table[b, :n].long()].view(FP8).to(torch.bfloat16)
+            assert_bits_equal(got.reshape(-1, 32), want.reshape(-1, 32))
+        assert torch.all(out[16 * 4:] == 9.0)  # past the live pages: untouched
+    assert all(torch.equal(a, b) for a, b in zip((flat, count, table_out), planned))
+
+
 def test_copy_live_indices_stops_at_the_count():
     out = torch.full((10,), -1, dtype=torch.int32)
     copy_live_indices(torch.arange(20, dtype=torch.int32), torch.tensor([6]), out)
@@ -236,7 +292,8 @@ def same(a, b):  # every bit, except that a NaN only has to be NaN (torch on the
 
 _INTERPRETED = _SAME + r"""
 from kernels.kv_cast import (FP8, LIVE_CONFIG, cast_rows_fp8_to_bf16, copy_live_indices, gather_cast_fp8_to_bf16,
-                             gather_cast_live_pages, gather_cast_live_rows)
+                             gather_cast_live_pages, gather_cast_live_rows, gather_cast_planned_pages,
+                             plan_live_pages)
 
 
 def both(fn, *tensors):
@@ -271,6 +328,23 @@ for page in (1, 4, 64):
         table_out = torch.full_like(table, -5)
         if not both(lambda be, o, t: gather_cast_live_pages(pool, table, lens, page, o, t, backend=be), out, table_out):
             failures.append(("pages", page, bs, width, scale))
+# one plan, three layers' pools (the FA3 path plans once per forward): compact and overflow
+pools = [pool] + [torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, generator=gen) for _ in range(2)]
+for page in (1, 64):
+    for bs, width, scale in ((4, N // page // 4, 0.6), (8, N // page, 1.0)):
+        table = torch.randint(0, N // page, (bs, width), generator=gen, dtype=torch.int32)
+        lens = (torch.rand(bs, generator=gen) * scale * width * page).to(torch.int32)
+        cap = min(bs * width, N // page)
+
+        def layers(be, table_out, *outs):
+            flat, count = torch.zeros(max(1, cap), dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+            plan_live_pages(table, lens, page, cap, flat, count, table_out, backend=be)
+            for layer_pool, o in zip(pools, outs):
+                gather_cast_planned_pages(layer_pool, flat, count, bs * width, page, o, backend=be)
+
+        outs = [torch.full((cap * page, 1, D), 7.0, dtype=torch.bfloat16) for _ in pools]
+        if not both(layers, torch.full_like(table, -5), *outs):
+            failures.append(("plan shared by layers", page, bs, width))
 dst = torch.full((300,), -1, dtype=torch.int32)
 if not both(lambda be, d: copy_live_indices(torch.arange(1000, dtype=torch.int32), torch.tensor([257]), d, backend=be),
             dst):
@@ -313,7 +387,7 @@ def pages_call(width, pool, table, lens, page, out, table_out):
         capacity, (bs, w) = out2d.shape[0] // page, table.shape
         flat = torch.empty(max(1, min(capacity, bs * w)), dtype=torch.int32)
         count = torch.empty(1, dtype=torch.int32)
-        _launch_index_pages(table, lens, flat, count, table_out, pool2d, out2d, capacity, page)
+        _launch_index_pages(table, lens, flat, count, table_out, capacity, page)
         _launch_gather_live(pool2d, flat, None, count, out2d, bs * w, capacity, page, offsets_32=width == "int32")
 
 def widths_agree(call, inputs, outputs):

@@ -24,6 +24,8 @@ from kernels.kv_cast import (
     gather_cast_fp8_to_bf16,
     gather_cast_live_pages,
     gather_cast_live_rows,
+    gather_cast_planned_pages,
+    plan_live_pages,
 )
 from kernels.workload import KV_STRATEGIES, DecodeWorkload, build_model, fill_fp8_pool, get_config
 
@@ -170,9 +172,45 @@ def test_live_gather_int32_and_int64_offsets_match_torch():
         got = [torch.full_like(want_pages[0], -2.0), torch.full_like(table, -1)]
         flat = torch.empty(capacity, dtype=torch.int32, device="cuda")
         n_pages = torch.empty(1, dtype=torch.int32, device="cuda")
-        _launch_index_pages(table, lens, flat, n_pages, got[1], pool2d, got[0], capacity, page)
+        _launch_index_pages(table, lens, flat, n_pages, got[1], capacity, page)
         _launch_gather_live(pool2d, flat, None, n_pages, got[0], bs * width, capacity, page, offsets_32=offsets_32)
         assert_same_outputs(got, want_pages)
+
+
+def test_one_page_plan_serves_every_layer_in_a_graph():
+    """The FA3 path as the patch runs it: plan_live_pages in the first layer, then one
+    gather_cast_planned_pages per layer (three layers, three pools), captured in one CUDA graph and
+    replayed with other tables and lengths, compact and overflow, against the torch fallback."""
+    pools = [random_pool(tokens=8_192, seed=s) for s in (6, 7, 8)]
+    for page in (1, 64):
+        bs, width = 6, 8_192 // page // 3
+        cap = min(bs * width, 8_192 // page)
+        table = torch.zeros(bs, width, dtype=torch.int32, device="cuda")
+        lens = torch.zeros(bs, dtype=torch.int32, device="cuda")
+        flat = torch.zeros(cap, dtype=torch.int32, device="cuda")
+        count = torch.zeros(1, dtype=torch.int32, device="cuda")
+        outs = [torch.zeros(bs, width, dtype=torch.int32, device="cuda")] + [
+            torch.zeros(cap * page, 576, dtype=torch.bfloat16, device="cuda") for _ in pools]
+
+        def body(backend="triton", o=outs):
+            plan_live_pages(table, lens, page, cap, flat, count, o[0], backend=backend)
+            for pool, out in zip(pools, o[1:]):
+                gather_cast_planned_pages(pool, flat, count, bs * width, page, out, backend=backend)
+
+        body()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        gen = torch.Generator(device="cuda").manual_seed(9)
+        for scale in (0.3, 0.0, 1.0):  # 1.0: about 3,000 of the 8,192 // page pages x 2: overflow
+            table.copy_(torch.randint(0, 8_192 // page, (bs, width), generator=gen, device="cuda", dtype=torch.int32))
+            lens.copy_((torch.rand(bs, generator=gen, device="cuda") * scale * 2 * width * page).to(torch.int32))
+            want = [t.clone() for t in outs]
+            body("torch", want)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_same_outputs(outs, want)
+        del graph
 
 
 def test_live_kernels_one_graph_replayed_with_other_rows_and_counts():

@@ -736,7 +736,7 @@ def study_pages(pool, table, lens, page, out, table_out, var: dict):
         return out
     flat = torch.empty(max(1, min(capacity, bs * width)), dtype=torch.int32, device=dev)
     count = torch.empty(1, dtype=torch.int32, device=dev)
-    kv_cast._launch_index_pages(table, lens, flat, count, table_out, pool2d, out2d, capacity, page)
+    kv_cast._launch_index_pages(table, lens, flat, count, table_out, capacity, page)
     launch_study_gather(pool2d, flat, None, count, out2d, bs * width, capacity, page, var)
     return out
 
