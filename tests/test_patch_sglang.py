@@ -132,8 +132,8 @@ def test_patch_removes_whole_pool_cast_from_mla_decode(sglang_tree: Path, patche
     cases = [(FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_decode", "mla_kv_live_rows.gather_cast("),
              (FLASHINFER_MLA, "FlashInferMLAAttnBackend", "forward_extend",
               "mla_kv_live_rows_prefill.gather_cast("),
-             (FLASHATTENTION, "FlashAttentionBackend", "forward_decode", "gather_cast_mla_kv_pages"),
-             (FLASHATTENTION, "FlashAttentionBackend", "forward_extend", "gather_cast_mla_kv_pages")]
+             (FLASHATTENTION, "FlashAttentionBackend", "forward_decode", "self.mla_kv_pages.gather_cast("),
+             (FLASHATTENTION, "FlashAttentionBackend", "forward_extend", "self.mla_kv_pages.gather_cast(")]
     for rel, cls, fn, helper in cases:
         before = _function_source((sglang_tree / rel).read_text(), fn, cls)
         after = _function_source((patched_tree / rel).read_text(), fn, cls)
@@ -143,6 +143,12 @@ def test_patch_removes_whole_pool_cast_from_mla_decode(sglang_tree: Path, patche
         assert helper in after, f"{rel} {fn} does not call {helper}"
         # The fallback for pools that are not FP8 stays.
         assert ".to(q.dtype)" in after
+    # FA3: one page plan per backend, told the layer and the forward it serves
+    after = (patched_tree / FLASHATTENTION).read_text()
+    assert "self.mla_kv_pages = MLAKVPagePlan()" in _function_source(after, "__init__", "FlashAttentionBackend")
+    for fn in ("forward_decode", "forward_extend"):
+        call = re.sub(r"\s+", "", _function_source(after, fn, "FlashAttentionBackend"))
+        assert "self.page_size,layer.layer_id,forward_batch,)" in call, fn
 
 
 def test_patch_saves_row_ids_after_every_flashinfer_plan(sglang_tree: Path, patched_tree: Path):
@@ -174,7 +180,7 @@ def test_patch_kernel_is_kv_cast_verbatim():
         line = re.compile(rf"^{name} = .*$", re.M)
         assert line.search(module).group(0) == line.search(ours).group(0), f"{name}: {sync}"
     # The entry points launch the shared kernels.
-    pages = _function_source(module, "gather_cast_mla_kv_pages")
+    pages = _function_source(module, "gather_cast", "MLAKVPagePlan")
     assert "_launch_index_pages(" in pages and "_launch_gather_live(" in pages
     assert "_launch_copy_live(" in _function_source(module, "save", "MLAKVLiveRows")
     assert "_launch_gather_live(" in _function_source(module, "gather_cast", "MLAKVLiveRows")
@@ -197,23 +203,44 @@ N, D = 1024, 576
 pool = torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, device=dev).view(FP8)
 ref = pool.to(BF16)
 
-# FA3 path: compacted pages and table, then the overflow (more live pages than the pool has)
+# FA3 path: MLAKVPagePlan, one plan per forward shared by its layers (each layer its own pool);
+# compacted pages and table, then the overflow (more live pages than the pool has: whole pool cast)
+class Batch:  # stands for SGLang's ForwardBatch: the plan only compares its identity
+    pass
+
+pools = [pool] + [torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, device=dev).view(FP8) for _ in range(2)]
+refs = [p.to(BF16) for p in pools]
 for ps, seq in ((1, [7, 0, 101]), (4, [7, 0, 101]), (4, [160] * 8)):
     bs = len(seq)
     table = torch.randint(0, N // ps, (bs, 40), dtype=torch.int32, device=dev)
     lens = torch.tensor(seq, dtype=torch.int32, device=dev)
-    out, table_out = m.gather_cast_mla_kv_pages(pool, table, lens, ps)
+    plan, batch, tables = m.MLAKVPagePlan(), Batch(), []
     pages = [min((s + ps - 1) // ps, 40) for s in seq]
-    compact = sum(pages) <= out.shape[0] // ps
-    o, r = out.view(-1, ps, D), ref.view(-1, ps, D)
-    start = 0
-    for b, n in enumerate(pages):
-        t = table_out[b, :n].long()
-        want_t = torch.arange(start, start + n, device=dev) if compact else table[b, :n].long()
-        assert torch.equal(t, want_t), ("table", ps, seq, b)
-        assert same(o[t], r[table[b, :n].long()]), ("pages", ps, seq, b)
-        start += n
-    assert compact == (sum(pages) <= 40 * bs and sum(pages) <= N // ps), (ps, seq)
+    for layer, (layer_pool, layer_ref) in enumerate(zip(pools, refs)):
+        out, table_out = plan.gather_cast(layer_pool, table, lens, ps, 10 + layer, batch)
+        tables.append(table_out)
+        compact = sum(pages) <= out.shape[0] // ps
+        o, r = out.view(-1, ps, D), layer_ref.view(-1, ps, D)
+        start = 0
+        for b, n in enumerate(pages):
+            t = table_out[b, :n].long()
+            want_t = torch.arange(start, start + n, device=dev) if compact else table[b, :n].long()
+            assert torch.equal(t, want_t), ("table", ps, seq, layer, b)
+            assert same(o[t], r[table[b, :n].long()]), ("pages", ps, seq, layer, b)
+            start += n
+        assert compact == (sum(pages) <= 40 * bs and sum(pages) <= N // ps), (ps, seq)
+        if not compact:
+            assert same(out, layer_ref), ("overflow: the whole pool, cast in place", ps, seq, layer)
+    assert tables[1] is tables[0] and tables[2] is tables[0], ("later layers made a plan again", ps, seq)
+    # a new pass over the layers with the same batch (CUDA-graph warm-up, then capture): a new plan
+    _, again = plan.gather_cast(pools[0], table, lens, ps, 10, batch)
+    assert again is not tables[0], "a second pass over the layers reused the first pass's plan"
+    other = Batch()  # another forward: a new plan, even at a later layer id
+    _, t_other = plan.gather_cast(pools[1], table, lens, ps, 11, other)
+    assert t_other is not again, "another forward_batch reused a plan"
+    new_table = table.clone()  # another table object in the same forward: a new plan
+    _, t_new = plan.gather_cast(pools[2], new_table, lens, ps, 12, other)
+    assert t_new is not t_other, "another page table reused a plan"
 
 # flashinfer path: save() after a plan, gather_cast() in the forward
 fake_pool = types.SimpleNamespace(dtype=FP8, size=N - 1, page_size=1)
