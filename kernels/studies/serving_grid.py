@@ -16,10 +16,16 @@ Sections, in order (results.json is rewritten after each; serving_grid.log has e
              old_rows_graph_grid  the previous patch's rows kernel, grid over bs x 163,840 entries
              old_pages{1,64}_graph_grid  the previous patch's page-table kernel, [bs, 163,840/page]
              new_rows             gather_cast_live_rows (flashinfer path: compact, index rewrite)
-             new_pages{1,64}      gather_cast_live_pages (FA3 path: index kernel + compact gather)
+             new_pages{1,64}      the FA3 path as the patch runs it: plan_live_pages once per forward
+                                  (timed alone: new_pages*_plan_per_step), gather_cast_planned_pages in
+                                  every layer (what is timed); new_pages*_planned_every_layer is both in
+                                  every call, as the patch did before 2026-12-01 (session 10)
            Each point is also timed by EventTimer (events around each call in the graph) and
            KernelTimer (the kernels' own durations from a profile of the replays), beside a
-           contiguous cast of as many rows (the same bytes without a gather) and a same-size copy.
+           contiguous cast of as many rows (the same bytes without a gather) and a same-size copy,
+           and by StepTimer: one graph of a whole step, the per-step work (the rows path's snapshot,
+           the pages paths' plan) then LAYERS x [flush, call], each call's kernel time from a
+           profile; the mean per layer (and the first layer's, and the later layers' median).
            Layout: each request's tokens sit in 64-token chunks taken from a shuffled free list of
            the pool (page size 1 sees the same token ids); the graph buffers are sized for a
            163,840-token context as SGLang sizes them for DeepSeek.
@@ -54,6 +60,8 @@ from kernels.kv_cast import (
     copy_live_indices,
     gather_cast_live_pages,
     gather_cast_live_rows,
+    gather_cast_planned_pages,
+    plan_live_pages,
 )
 from kernels.studies.gpu_suite import run_gpu_tests
 
@@ -64,6 +72,7 @@ POOLS = (131_072, 1_048_576)
 BATCH_SIZES = (1, 8, 32, 128)
 CONTEXTS = (1024, 8192, 32_768)
 FLUSH_BYTES = 256 << 20  # > the H200's 50 MB L2, several times over
+LAYERS = 78  # StepTimer's step: GLM-5's layers, as in ../shared/seeds (one cast per layer per step)
 SWEEP = [{"PROGRAMS_PER_SM": k, "CHUNKS": c, "VEC": v, "num_warps": w}
          for k in (8, 16, 32) for c, v, w in ((128, 16, 4), (256, 16, 4), (512, 16, 8), (256, 32, 4),
                                               (1024, 8, 8), (2048, 8, 8))]
@@ -310,6 +319,43 @@ class KernelTimer(ColdTimer):
                                  for i in range(0, len(mine), per_call))
 
 
+class StepTimer(KernelTimer):
+    """Kernel durations over one emulated step: [per_step] + layers x [flush, fn], replayed in one
+    CUDA graph under the profiler; fn's kernels are told apart from the flush's and per_step's by name."""
+
+    def time_step(self, per_step, fn, layers: int = LAYERS, replays: int = 2) -> dict | None:
+        per_step()
+        fn()
+        torch.cuda.synchronize()
+        flush_names = {e["name"] for e in self._activities(self.flush, 1)}
+        step_names = {e["name"] for e in self._activities(per_step, 1)} - flush_names
+        call_names = {e["name"] for e in self._activities(fn, 1)} - flush_names
+        if step_names & call_names:
+            return None
+
+        def body():
+            per_step()
+            for _ in range(layers):
+                self.flush()
+                fn()
+
+        acts = self._activities(body, replays)
+        calls = [e for e in acts if e["name"] in call_names]
+        steps = [e for e in acts if e["name"] in step_names]
+        if not calls or len(calls) % (replays * layers) or len(steps) % replays:
+            return None
+        per_call = len(calls) // (replays * layers)
+        durations = [sum(e["dur"] for e in calls[i:i + per_call]) for i in range(0, len(calls), per_call)]
+        by_layer = [durations[r * layers:(r + 1) * layers] for r in range(replays)]
+        per_step_us = len(steps) // replays
+        step_us = [sum(e["dur"] for e in steps[i:i + per_step_us]) for i in range(0, len(steps), per_step_us)]
+        return {"first_layer_us": round(statistics.median(r[0] for r in by_layer), 2),
+                "later_layers_median_us": round(statistics.median(d for r in by_layer for d in r[1:]), 2),
+                "mean_per_layer_us": round(statistics.mean(d for r in by_layer for d in r), 2),
+                "per_step_us": round(statistics.median(step_us), 2) if step_us else None,
+                "layers": layers, "replays": replays}
+
+
 def describe_time(us: float, bytes_moved: int, copy_tb_per_s: float | None) -> dict:
     tb_per_s = bytes_moved / (us * 1e-6) / 1e12 if us > 0 else float("inf")
     row = {"us": round(us, 2), "bytes": bytes_moved, "tb_per_s": round(tb_per_s, 3)}
@@ -381,6 +427,25 @@ def check_kernels(run: Run, pool_tokens: int) -> dict:
             table_out = torch.full_like(table, -7)
             compare(f"pages{page}_{name}", run_both(
                 lambda be, o, t: gather_cast_live_pages(pool, table, lens, page, o, t, backend=be), out, table_out))
+    # one plan, three layers' pools (as a forward's layers share the FA3 plan), compact and overflow
+    pools = [pool] + [make_pool(pool_tokens, dev, seed=13 + i, patterns=True) for i in range(2)]
+    for page in (1, 64):
+        pool_pages = pool_tokens // page
+        for name, bs, width, fill in (("compact", 6, pool_pages // 8, 0.6), ("overflow", 8, pool_pages // 2, 1.0)):
+            table = torch.randint(0, pool_pages, (bs, width), generator=gen, device=dev, dtype=torch.int32)
+            lens = (torch.rand(bs, generator=gen, device=dev) * fill * width * page).to(torch.int32)
+            cap = min(bs * width, pool_pages)
+
+            def layers(be, table_out, *outs):
+                flat = torch.zeros(max(1, cap), dtype=torch.int32, device=dev)
+                count = torch.zeros(1, dtype=torch.int32, device=dev)
+                plan_live_pages(table, lens, page, cap, flat, count, table_out, backend=be)
+                for layer_pool, out in zip(pools, outs):
+                    gather_cast_planned_pages(layer_pool, flat, count, bs * width, page, out, backend=be)
+
+            outs = [torch.full((cap * page, 1, DIM), -3.0, dtype=BF16, device=dev) for _ in pools]
+            compare(f"pages{page}_{name}_plan_shared_by_layers",
+                    run_both(layers, torch.full_like(table, -7), *outs))
     src = torch.randint(0, 1 << 30, (100_000,), generator=gen, device=dev, dtype=torch.int32)
     dst = torch.full((60_000,), -1, dtype=torch.int32, device=dev)
     compare("copy_live_indices", run_both(
@@ -502,6 +567,25 @@ def time_same_size_copy(timer: ColdTimer, moved: int, scratch: dict) -> float:
     return timer.time_us(lambda: dst.copy_(src))
 
 
+class PagePlan:
+    """The FA3 path as the patch runs it: one page plan per forward (plan_live_pages), then in every
+    layer one gather through it (gather_cast_planned_pages)."""
+
+    def __init__(self, table: torch.Tensor, lens: torch.Tensor, page: int, pool_tokens: int):
+        dev = table.device
+        self.table, self.lens, self.page = table, lens, page
+        self.capacity = min(pool_tokens // page, table.numel())
+        self.flat = torch.empty(max(1, self.capacity), dtype=torch.int32, device=dev)
+        self.count = torch.empty(1, dtype=torch.int32, device=dev)
+        self.table_out = torch.empty_like(table)
+
+    def plan(self) -> None:
+        plan_live_pages(self.table, self.lens, self.page, self.capacity, self.flat, self.count, self.table_out)
+
+    def gather(self, pool: torch.Tensor, out: torch.Tensor) -> None:
+        gather_cast_planned_pages(pool, self.flat, self.count, self.table.numel(), self.page, out)
+
+
 def time_point(run: Run, timer: ColdTimer, point: Point, scratch: dict, copy_tb: float) -> dict:
     dev = run.device
     bs, pool, moved = point.bs, point.pool, 3 * point.live_rows * DIM
@@ -522,16 +606,26 @@ def time_point(run: Run, timer: ColdTimer, point: Point, scratch: dict, copy_tb:
     # once per step, not per layer: the patch copies the planned row ids after each plan
     snapshot_us = timer.time_us(lambda: copy_live_indices(point.index, point.count, point.rows))
     variants["new_rows_snapshot_per_step"] = describe_time(snapshot_us, 8 * point.live_rows, copy_tb)
+    plans = {}
     for page in (1, 64):
         table = point.table(page)
         record(f"old_pages{page}_graph_grid",
                lambda: old_cast_pages(pool, table, point.lens, page, whole.view(-1, DIM)))
-        cap_pages = min(point.pool_tokens // page, table.numel())
-        out = scratch["compact"][: cap_pages * page]
-        table_out = torch.empty_like(table)
-        record(f"new_pages{page}", lambda: gather_cast_live_pages(pool, table, point.lens, page, out, table_out))
+        plan = plans[page] = PagePlan(table, point.lens, page, point.pool_tokens)
+        out = scratch["compact"][: plan.capacity * page]
+        plan.plan()
+        record(f"new_pages{page}", lambda: plan.gather(pool, out))
+        # once per forward, not per layer: the patch plans in the first layer and the others reuse it
+        plan_us = timer.time_us(plan.plan)
+        variants[f"new_pages{page}_plan_per_step"] = describe_time(plan_us, 8 * ctx_pages(point.ctx, page) * bs,
+                                                                   copy_tb)
+        # what the patch did before session 10: the plan in every layer (two launches a call)
+        record(f"new_pages{page}_planned_every_layer",
+               lambda: gather_cast_live_pages(pool, table, point.lens, page, out, torch.empty_like(table)))
+        plan.plan()
+        plan.gather(pool, out)
         n_pages = point.live_rows // page
-        flat_pages = table_out[:, : ctx_pages(point.ctx, page)].flatten().long()
+        flat_pages = plan.table_out[:, : ctx_pages(point.ctx, page)].flatten().long()
         got = out.view(-1, page, DIM)[flat_pages].view(-1, DIM)
         src_pages = table[:, : ctx_pages(point.ctx, page)].flatten().long()
         want_p = pool.view(-1, page, DIM)[src_pages].view(FP8).to(BF16).view(-1, DIM)
@@ -543,15 +637,14 @@ def time_point(run: Run, timer: ColdTimer, point: Point, scratch: dict, copy_tb:
     # the same calls timed a second, independent way (events around each call inside one graph)
     events = EventTimer(run.device)
     compact = scratch["compact"][: point.rows_capacity()]
-    table64 = point.table(64)
-    out64 = scratch["compact"][: min(point.pool_tokens // 64, table64.numel()) * 64]
-    table_out64 = torch.empty_like(table64)
+    outs = {page: scratch["compact"][: plans[page].capacity * page] for page in (1, 64)}
+
+    def rows_call():
+        gather_cast_live_rows(pool, point.rows, point.count, compact, index=point.index)
 
     event_us = {
-        "new_rows": events.time_us(lambda: gather_cast_live_rows(pool, point.rows, point.count, compact,
-                                                                 index=point.index)),
-        "new_pages64": events.time_us(lambda: gather_cast_live_pages(pool, table64, point.lens, 64, out64,
-                                                                     table_out64)),
+        "new_rows": events.time_us(rows_call),
+        "new_pages64": events.time_us(lambda: plans[64].gather(pool, outs[64])),
         "same_size_copy": time_same_size_copy(events, moved, scratch),
     }
     point.index[: point.live_rows] = point.tokens.flatten()
@@ -562,29 +655,38 @@ def time_point(run: Run, timer: ColdTimer, point: Point, scratch: dict, copy_tb:
     contiguous_src = pool[: min(point.live_rows, point.pool_tokens)]
     contiguous_out = scratch["compact"][: contiguous_src.shape[0]].view(contiguous_src.shape)
     kernel_us = {
-        "new_rows": kernels.time_us(lambda: gather_cast_live_rows(pool, point.rows, point.count, compact,
-                                                                  index=point.index)),
-        "new_pages64": kernels.time_us(lambda: gather_cast_live_pages(pool, table64, point.lens, 64, out64,
-                                                                      table_out64)),
+        "new_rows": kernels.time_us(rows_call),
+        "new_pages1": kernels.time_us(lambda: plans[1].gather(pool, outs[1])),
+        "new_pages64": kernels.time_us(lambda: plans[64].gather(pool, outs[64])),
         "contiguous_cast_same_rows": kernels.time_us(lambda: cast_fp8_to_bf16(contiguous_src, contiguous_out)),
         "same_size_copy": time_same_size_copy(kernels, moved, scratch),
     }
     point.index[: point.live_rows] = point.tokens.flatten()
-    # as in layers 2..N of a decode step: the row ids / page table and counts hot in L2
-    live, live_pages = point.live_rows, ctx_pages(point.ctx, 64)
+    # as in layers 2..N of a decode step: the row ids / page plan and counts hot in L2
+    live, live_pages = point.live_rows, ctx_pages(point.ctx, 64) * bs
     rows_hot = KernelTimer(run.device, warm=lambda: (point.rows[:live].sum(), point.index[:live].sum(),
                                                      point.count.sum()))
-    pages_hot = KernelTimer(run.device, warm=lambda: (table64[:, :live_pages].sum(), point.lens.sum()))
-    kernel_us["new_rows_ids_hot"] = rows_hot.time_us(
-        lambda: gather_cast_live_rows(pool, point.rows, point.count, compact, index=point.index))
+    pages_hot = KernelTimer(run.device, warm=lambda: (plans[64].flat[:live_pages].sum(), plans[64].count.sum()))
+    kernel_us["new_rows_ids_hot"] = rows_hot.time_us(rows_call)
     point.index[: point.live_rows] = point.tokens.flatten()
-    kernel_us["new_pages64_ids_hot"] = pages_hot.time_us(
-        lambda: gather_cast_live_pages(pool, table64, point.lens, 64, out64, table_out64))
+    kernel_us["new_pages64_ids_hot"] = pages_hot.time_us(lambda: plans[64].gather(pool, outs[64]))
     kernel_timed = {k: (describe_time(v, moved, copy_tb) if v else None) for k, v in kernel_us.items()}
+    # and over a whole step: the per-step work, then LAYERS x [flush, call]; the mean per layer
+    steps = StepTimer(run.device)
+    ids = point.index.clone()
+    step_timed = {
+        "new_rows": steps.time_step(lambda: copy_live_indices(ids, point.count, point.rows), rows_call),
+        "new_pages1": steps.time_step(plans[1].plan, lambda: plans[1].gather(pool, outs[1])),
+        "new_pages64": steps.time_step(plans[64].plan, lambda: plans[64].gather(pool, outs[64])),
+    }
+    point.index[: point.live_rows] = point.tokens.flatten()
+    for cell in step_timed.values():
+        if cell:
+            cell.update(describe_time(cell["mean_per_layer_us"], moved, copy_tb))
     return {"pool_tokens": point.pool_tokens, "bs": bs, "ctx": point.ctx, "live_rows": point.live_rows,
             "live_fraction_of_pool": round(point.live_rows / point.pool_tokens, 4),
             "same_size_copy_us": round(same_us, 2), "variants": variants, "event_timed": event_timed,
-            "kernel_timed": kernel_timed, "checks": checks}
+            "kernel_timed": kernel_timed, "step_timed": step_timed, "checks": checks}
 
 
 def ctx_pages(ctx: int, page: int) -> int:
@@ -601,12 +703,12 @@ def sweep_config(run: Run, timer: ColdTimer, pools: dict) -> dict:
         total, row = 0.0, dict(cfg)
         for pt in points:
             compact = scratch[: pt.rows_capacity()]
-            table = pt.table(64)
-            out = scratch[: min(pt.pool_tokens // 64, table.numel()) * 64]
-            table_out = torch.empty_like(table)
+            plan = PagePlan(pt.table(64), pt.lens, 64, pt.pool_tokens)
+            out = scratch[: plan.capacity * 64]
+            plan.plan()
             t_rows = timer.time_us(lambda: gather_cast_live_rows(pt.pool, pt.rows, pt.count, compact, index=pt.index))
             pt.index[: pt.live_rows] = pt.tokens.flatten()
-            t_pages = timer.time_us(lambda: gather_cast_live_pages(pt.pool, table, pt.lens, 64, out, table_out))
+            t_pages = timer.time_us(lambda: plan.gather(pt.pool, out))
             row[f"bs{pt.bs}_ctx{pt.ctx}_rows_us"] = round(t_rows, 2)
             row[f"bs{pt.bs}_ctx{pt.ctx}_pages64_us"] = round(t_pages, 2)
             total += t_rows / pt.live_rows + t_pages / pt.live_rows
@@ -643,7 +745,10 @@ def run_grid(run: Run, timer: ColdTimer, pools: dict, copy_tb: float) -> list[di
                             f"{k} {x['us']} us ({x.get('fraction_of_copy', '')})"
                             for k, x in row["event_timed"].items() if x) + "; kernel-timed: " + ", ".join(
                             f"{k} {x['us']} us ({x.get('fraction_of_copy', '')})"
-                            for k, x in row["kernel_timed"].items() if x))
+                            for k, x in row["kernel_timed"].items() if x)
+                        + "; step-timed (mean per layer): " + ", ".join(
+                            f"{k} {x['us']} us ({x.get('fraction_of_copy', '')}; first {x['first_layer_us']}, later "
+                            f"{x['later_layers_median_us']})" for k, x in row["step_timed"].items() if x))
                 run.results["sections"]["grid"] = {"points": points}
                 run.save()
                 del point
@@ -681,9 +786,11 @@ def judge(points: list[dict]) -> dict:
             "at_least_80pct_of_copy_at_bs_32_plus_event_timed": _timed_verdict(
                 points, "event_timed", ("new_rows", "new_pages64")),
             "at_least_80pct_of_copy_at_bs_32_plus_kernel_timed": _timed_verdict(
-                points, "kernel_timed", ("new_rows", "new_pages64")),
+                points, "kernel_timed", NEW_VARIANTS),
             "at_least_80pct_of_copy_at_bs_32_plus_kernel_timed_ids_hot": _timed_verdict(
                 points, "kernel_timed", ("new_rows_ids_hot", "new_pages64_ids_hot")),
+            "at_least_80pct_of_copy_at_bs_32_plus_step_mean_per_layer": _timed_verdict(
+                points, "step_timed", NEW_VARIANTS),
             "every_point_bit_exact": exact}
 
 
@@ -738,11 +845,13 @@ def main_gpu(run: Run) -> int:
             f"{verdict['at_least_80pct_of_same_size_copy_at_bs_32_plus']['met']}; event-timed: "
             f"{verdict['at_least_80pct_of_copy_at_bs_32_plus_event_timed']['met']}; kernel-timed: "
             f"{verdict['at_least_80pct_of_copy_at_bs_32_plus_kernel_timed']['met']}; kernel-timed, ids hot in L2: "
-            f"{verdict['at_least_80pct_of_copy_at_bs_32_plus_kernel_timed_ids_hot']['met']}); every point bit-exact: "
+            f"{verdict['at_least_80pct_of_copy_at_bs_32_plus_kernel_timed_ids_hot']['met']}; step mean per layer: "
+            f"{verdict['at_least_80pct_of_copy_at_bs_32_plus_step_mean_per_layer']['met']}); every point bit-exact: "
             f"{verdict['every_point_bit_exact']}")
     for key in ("beats_whole_pool_where_live_under_half", "at_least_80pct_of_copy_at_bs_32_plus",
                 "at_least_80pct_of_copy_at_bs_32_plus_event_timed", "at_least_80pct_of_copy_at_bs_32_plus_kernel_timed",
-                "at_least_80pct_of_copy_at_bs_32_plus_kernel_timed_ids_hot"):
+                "at_least_80pct_of_copy_at_bs_32_plus_kernel_timed_ids_hot",
+                "at_least_80pct_of_copy_at_bs_32_plus_step_mean_per_layer"):
         for miss in (b for b in verdict[key]["points"] if not b["ok"]):
             run.log(f"  not met ({key}): {miss}")
     del pools
