@@ -302,11 +302,12 @@ def cast_rows_fp8_to_bf16(
 
 # Bounded grid: compact gathers move CHUNKS pieces of VEC elements per loop iteration, positional
 # ones ROWS whole rows; kernels.studies.serving_grid sweeps these on the GPU (kernels/BENCHMARKS.md
-# section 6). ROWS 4: the positional path's whole-row tiles set the kernel's registers; with 4 rows
-# the compact path of every variant compiles to 32 (pieces of 8) or 40 registers, with 16 to 40-48.
+# section 6). ROWS 4: the rows path's positional (overflow) tiles of whole rows set the kernel's
+# registers; with 4 rows every path compiles to 32-34 (pieces of 8) or 39-40 registers, with 16 to 40-48.
 # IDS_EVICT "evict_last": the count and row-id loads ask L2 to keep those lines, which every layer
 # of a step reads again (the pool rows and the scratch are each layer's own); on the H200 the later
 # layers then find them in L2 through the 256 MB written between calls (kernels.studies.step_study).
+# Only the live entries' lines are so marked: 4 bytes a live row (or page), 4 MB at 1M live rows.
 # Pieces of 16 at 256 a block, 4 warps: Triton loads 16 FP8 a thread and stores 8 BF16 a thread, so
 # the values cross threads through shared memory; pieces of 8 (1,024 a block, 8 warps) avoid that
 # and are 1-2.5 % faster from 131K live rows up, but 0.1-0.3 us slower at 8K-32K live rows, where
@@ -379,14 +380,16 @@ if HAS_TRITON:
         at their own positions into a pool-shaped out; index is left as it is.
         n > capacity, no WRITE_INDEX (pages): out[t] = bf16(pool[t]) for every t < capacity * PAGE,
         the whole pool cast at its own positions (out is pool-shaped: more pages are referenced
-        than the pool has, so this moves no more than a cast of the referenced pages would).
+        than the pool has, so this moves no more than a cast of the referenced pages would), in
+        pieces as a contiguous cast (0.91 of the copy bandwidth on the H200; in whole-row blocks
+        of ROWS, 0.80).
 
         Compact: the live rows are cut into VEC-element pieces, piece k = (row t, column c) with
         t = k // (DIM // VEC); program p moves pieces [base, base + CHUNKS) for base = p * CHUNKS,
         p * CHUNKS + G * CHUNKS, ... (G programs), so reads and writes run as in a contiguous cast
         (out is contiguous; a row's pieces are contiguous in the pool), with the row id looked up
-        per piece. Positional: blocks of ROWS whole rows, program p taking blocks p, p + G, ...
-        Nothing past n is touched.
+        per piece. Positional (rows path): blocks of ROWS whole rows, program p taking blocks p,
+        p + G, ... Nothing past n is touched.
 
         OFFSETS_32: the compact path computes piece numbers, row numbers and element offsets in
         int32 (the launcher sets it only when every one of them fits, see _fits_int32), int64
@@ -428,23 +431,28 @@ if HAS_TRITON:
                 base += step
                 k = base + tl.arange(0, CHUNKS)
                 t = k // (DIM // VEC)
-        else:  # positional: whole rows, blocks of ROWS; the rows path's live rows, or every pool row
+        elif WRITE_INDEX:  # the rows path: the live rows cast at their own positions, ROWS whole rows a block
             step = tl.num_programs(0)
             blk = tl.program_id(0).to(tl.int64)
-            if WRITE_INDEX:
-                n_rows = n.to(tl.int64)
-            else:
-                n_rows = capacity.to(tl.int64) * PAGE
-            n_blocks = tl.cdiv(n_rows, ROWS)
+            n_blocks = tl.cdiv(n, ROWS)
             while blk < n_blocks:
                 i = blk * ROWS + tl.arange(0, ROWS)
-                mask = i < n_rows
-                if WRITE_INDEX:
-                    src = tl.load(index_ptr + i, mask=mask, other=0).to(tl.int64)
-                else:
-                    src = i
+                mask = i < n
+                src = tl.load(index_ptr + i, mask=mask, other=0).to(tl.int64)
                 _move_rows(pool_ptr, out_ptr, src, src, mask, pool_stride, out_stride, DIM, MAIN, TAIL)
                 blk += step
+        else:  # the pages paths: every pool row at its own position, in pieces as a contiguous cast
+            n_pieces = tl.minimum(n, capacity) * (PAGE * (DIM // VEC))
+            step = tl.num_programs(0) * CHUNKS
+            while base < n_pieces:
+                mask = k < n_pieces
+                c = (k % (DIM // VEC)) * VEC
+                m = mask[:, None]
+                x = tl.load(pool_ptr + (t * pool_stride + c)[:, None] + v, mask=m)
+                tl.store(out_ptr + (t * out_stride + c)[:, None] + v, _fp8_to_bf16(x), mask=m)
+                base += step
+                k = base + tl.arange(0, CHUNKS)
+                t = k // (DIM // VEC)
 
     @triton.jit
     def _copy_live_kernel(src_ptr, count_ptr, dst_ptr, n_max, BLOCK: tl.constexpr):

@@ -241,6 +241,46 @@ def sweep_point(log, pt: Point, scratch: torch.Tensor, copy_tb: float, timer: Ke
     return row
 
 
+def overflow_point(log, pool: torch.Tensor, copy_tb: float, timer: KernelTimer) -> dict:
+    """More live entries than the pool has rows (requests sharing prefix pages): the pages paths
+    cast the whole pool in place, the rows path the referenced rows; against the stock `.to()` and
+    the Triton whole-buffer cast, kernel-timed. Bytes: the pool's (read once, written once)."""
+    dev = pool.device
+    tokens = pool.shape[0]
+    moved = 3 * tokens * DIM
+    gen = torch.Generator(device=dev).manual_seed(31)
+    out = torch.empty(tokens, 1, DIM, dtype=BF16, device=dev)
+    want = pool.view(FP8).to(BF16).view(tokens, 1, DIM)
+    row = {"pool": tokens, "variants": {}, "checks": {}}
+    row["variants"]["whole_pool_to"] = describe_time(timer.time_us(lambda: pool.view(FP8).to(BF16)), moved, copy_tb)
+    row["variants"]["triton_whole_cast"] = describe_time(
+        timer.time_us(lambda: cast_fp8_to_bf16(pool, out.view(tokens, DIM))), moved, copy_tb)
+    for page in (1, 64):
+        pool_pages = tokens // page
+        bs = 32
+        table = torch.randint(0, pool_pages, (bs, pool_pages), generator=gen, device=dev, dtype=torch.int32)
+        lens = torch.full((bs,), pool_pages * page, dtype=torch.int32, device=dev)
+        flat = torch.empty(pool_pages, dtype=torch.int32, device=dev)
+        n_pages = torch.empty(1, dtype=torch.int32, device=dev)
+        table_out = torch.empty_like(table)
+        plan_live_pages(table, lens, page, pool_pages, flat, n_pages, table_out)
+        out.zero_()
+        row["variants"][f"pages{page}_overflow"] = describe_time(timer.time_us(
+            lambda: gather_cast_planned_pages(pool, flat, n_pages, table.numel(), page, out)), moved, copy_tb)
+        row["checks"][f"pages{page}"] = (same_bits(out.view(-1, DIM), want.view(-1, DIM))
+                                         and torch.equal(table_out, table))
+    index = torch.randint(0, tokens, (2 * tokens,), generator=gen, device=dev, dtype=torch.int32)
+    count = torch.tensor([2 * tokens], dtype=torch.int32, device=dev)
+    out.zero_()
+    row["variants"]["rows_overflow_2x"] = describe_time(timer.time_us(
+        lambda: gather_cast_live_rows(pool, index[:tokens].clone(), count, out, index=index)), 2 * moved, copy_tb)
+    used = index.long().unique()
+    row["checks"]["rows"] = same_bits(out.view(-1, DIM)[used], want.view(-1, DIM)[used])
+    log(f"overflow, pool {tokens}: " + ", ".join(f"{k} {v['us']} us ({v['fraction_of_copy']})"
+                                                 for k, v in row["variants"].items()) + f"; exact {row['checks']}")
+    return row
+
+
 def summarize(points: list[dict]) -> str:
     lines = ["pool bs ctx | variant | cold us (of copy) | kernel us (of copy) | step: first / later median / "
              "mean per layer us (mean of copy) | per-step us"]
@@ -264,6 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--points", default="all", help="'all' or indices into POINTS, comma-separated")
     p.add_argument("--sweep", default="", help="CONFIGS names, comma-separated: kernel-timed configurations instead")
+    p.add_argument("--overflow", action="store_true", help="time the overflow (shared pages) paths instead")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or not HAS_TRITON:
         print("python -m kernels.studies.step_study: error: needs CUDA and triton", file=sys.stderr)
@@ -291,6 +332,12 @@ def main(argv=None) -> int:
     pools = {t: make_pool(t, dev, seed=t % 97) for t in {t for t, _, _ in points}}
     scratch = torch.empty(max(pools), 1, DIM, dtype=BF16, device=dev)
     results = {"copy": copy, "live_config": dict(kv_cast.LIVE_CONFIG), "layers": LAYERS, "points": []}
+    if args.overflow:
+        results["overflow"] = [overflow_point(log, pools[t], copy["tb_per_s"], timers["kernel"]) for t in sorted(pools)]
+        (out / "study.json").write_text(json.dumps(results, indent=1) + "\n")
+        bad = [(r["pool"], k) for r in results["overflow"] for k, ok in r["checks"].items() if not ok]
+        log(f"exact: {not bad} {bad or ''}")
+        return 1 if bad else 0
     for pool_tokens, bs, ctx in points:
         pt = Point(pools[pool_tokens], bs, ctx, seed=bs * 1000 + ctx)
         if args.sweep:
