@@ -242,6 +242,42 @@ for ps, seq in ((1, [7, 0, 101]), (4, [7, 0, 101]), (4, [160] * 8)):
     _, t_new = plan.gather_cast(pools[2], new_table, lens, ps, 12, other)
     assert t_new is not t_other, "another page table reused a plan"
 
+if dev == "cuda":
+    # SGLang's CUDA-graph capture (decode_cuda_graph_runner.capture_one_batch_size): one forward_batch,
+    # run twice to warm up, then once under capture; each replay follows an in-place rewrite of the
+    # table and lengths. The captured first layer must hold the plan, so every replay reads its pages.
+    for ps in (1, 64):
+        bs, width = 8, 4096 // ps // 2
+        graph_pools = [torch.randint(0, 256, (4096, 1, D), dtype=torch.uint8, device=dev).view(FP8)
+                       for _ in range(3)]
+        table = torch.zeros(bs, width, dtype=torch.int32, device=dev)
+        lens = torch.zeros(bs, dtype=torch.int32, device=dev)
+        plan, batch = m.MLAKVPagePlan(), Batch()
+
+        def run_once():
+            return [plan.gather_cast(p, table, lens, ps, 10 + layer, batch) for layer, p in enumerate(graph_pools)]
+
+        def refill(scale):
+            table.copy_(torch.randint(0, 4096 // ps, (bs, width), dtype=torch.int32, device=dev))
+            lens.copy_((torch.rand(bs, device=dev) * scale * width * ps).to(torch.int32))
+
+        refill(0.5)
+        run_once()
+        run_once()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = run_once()
+        for scale in (0.3, 0.0, 1.0, 0.6):  # 1.0: more pages than the pool has, the whole-pool cast
+            refill(scale)
+            graph.replay()
+            torch.cuda.synchronize()
+            pages = [min(-(-int(n) // ps), width) for n in lens.tolist()]
+            for layer, ((out, table_out), p) in enumerate(zip(captured, graph_pools)):
+                o, r = out.view(-1, ps, D), p.to(BF16).view(-1, ps, D)
+                for b, n in enumerate(pages):
+                    assert same(o[table_out[b, :n].long()], r[table[b, :n].long()]), ("graph", ps, scale, layer, b)
+        del graph
+
 # flashinfer path: save() after a plan, gather_cast() in the forward
 fake_pool = types.SimpleNamespace(dtype=FP8, size=N - 1, page_size=1)
 live = m.MLAKVLiveRows(fake_pool)
