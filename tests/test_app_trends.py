@@ -99,8 +99,7 @@ _ONE_RUN_OF_THE_PAGE = """
 import sys
 from streamlit.testing.v1 import AppTest
 at = AppTest.from_file(sys.argv[1], default_timeout=180)
-at.switch_page("screens/trends.py")
-at.run()
+at.run()  # Trends is the default page
 assert not at.exception, at.exception
 print(at.selectbox[0].value)
 """
