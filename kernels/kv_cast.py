@@ -824,6 +824,9 @@ def gather_cast_planned_pages(
     out2d = _as_rows_2d("out", out, dim, dev)
     pool_pages = pool2d.shape[0] // page_size
     capacity = min(out2d.shape[0] // page_size, pool_pages)
+    if capacity < min(n_max, pool_pages):  # else a count past it would cast only part of the pool
+        raise ValueError(f"out: {out2d.shape[0] // page_size} pages; needs min(n_max, pool pages) = "
+                         f"{min(n_max, pool_pages)} so that any live count fits")
     if flat.numel() < max(1, min(capacity, n_max)):
         raise ValueError(f"flat: {flat.numel()} entries, fewer than the {min(capacity, n_max)} pages out can hold")
     if n_max <= 0:

@@ -131,6 +131,9 @@ def test_cast_rows_writes_only_the_referenced_rows():
         (lambda: gather_cast_planned_pages(torch.zeros(8, 4, dtype=torch.uint8), torch.zeros(6, dtype=torch.int32),
                                            torch.zeros(1, dtype=torch.int32), 6, 3,
                                            torch.zeros(6, 4, dtype=torch.bfloat16)), "page_size: 3"),
+        (lambda: gather_cast_planned_pages(torch.zeros(8, 4, dtype=torch.uint8), torch.zeros(6, dtype=torch.int32),
+                                           torch.zeros(1, dtype=torch.int32), 12, 1,
+                                           torch.zeros(6, 4, dtype=torch.bfloat16)), "out: 6 pages; needs"),
     ],
 )
 def test_bad_arguments_name_the_argument(call, message):
