@@ -340,20 +340,31 @@ class StepTimer(KernelTimer):
                 fn()
 
         acts = self._activities(body, replays)
-        calls = [e for e in acts if e["name"] in call_names]
-        steps = [e for e in acts if e["name"] in step_names]
-        if not calls or len(calls) % (replays * layers) or len(steps) % replays:
-            return None
-        per_call = len(calls) // (replays * layers)
-        durations = [sum(e["dur"] for e in calls[i:i + per_call]) for i in range(0, len(calls), per_call)]
-        by_layer = [durations[r * layers:(r + 1) * layers] for r in range(replays)]
-        per_step_us = len(steps) // replays
-        step_us = [sum(e["dur"] for e in steps[i:i + per_step_us]) for i in range(0, len(steps), per_step_us)]
-        return {"first_layer_us": round(statistics.median(r[0] for r in by_layer), 2),
-                "later_layers_median_us": round(statistics.median(d for r in by_layer for d in r[1:]), 2),
-                "mean_per_layer_us": round(statistics.mean(d for r in by_layer for d in r), 2),
-                "per_step_us": round(statistics.median(step_us), 2) if step_us else None,
-                "layers": layers, "replays": replays}
+        return step_figures([e["dur"] for e in acts if e["name"] in call_names],
+                            [e["dur"] for e in acts if e["name"] in step_names], replays, layers)
+
+
+def step_figures(calls: list[float], steps: list[float], replays: int, layers: int) -> dict | None:
+    """A step's per-layer figures from kernel durations (us) in launch order.
+
+    calls: the kernels of the per-layer call, replays x layers calls of equally many kernels each;
+    steps: the kernels of the per-step work, equally many per replay (none is allowed). A call's
+    time is the sum of its kernels'; the first layer's and the later layers' are medians over the
+    replays, the mean is over every call. None when the durations do not split that way.
+    """
+    if not calls or len(calls) % (replays * layers) or len(steps) % replays:
+        return None
+    per_call = len(calls) // (replays * layers)
+    durations = [sum(calls[i:i + per_call]) for i in range(0, len(calls), per_call)]
+    by_layer = [durations[r * layers:(r + 1) * layers] for r in range(replays)]
+    per_step = len(steps) // replays
+    step_us = [sum(steps[i:i + per_step]) for i in range(0, len(steps), per_step)] if per_step else []
+    return {"first_layer_us": round(statistics.median(r[0] for r in by_layer), 2),
+            "later_layers_median_us": (round(statistics.median(d for r in by_layer for d in r[1:]), 2)
+                                       if layers > 1 else None),
+            "mean_per_layer_us": round(statistics.mean(d for r in by_layer for d in r), 2),
+            "per_step_us": round(statistics.median(step_us), 2) if step_us else None,
+            "layers": layers, "replays": replays}
 
 
 def describe_time(us: float, bytes_moved: int, copy_tb_per_s: float | None) -> dict:
