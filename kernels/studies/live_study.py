@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -42,6 +41,7 @@ from kernels.studies.serving_grid import (
     ColdTimer,
     KernelTimer,
     Point,
+    StudyLog,
     describe_time,
     make_pool,
     measure_copy,
@@ -1030,14 +1030,7 @@ def main(argv=None) -> int:
                   {**os.environ, "TRITON_INTERPRET": "1"})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log_file = open(out / "study.log", "a")
-    started = time.monotonic()
-
-    def log(msg):
-        line = f"[{time.monotonic() - started:6.1f}s] {msg}"
-        print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+    log = StudyLog(out / "study.log")
 
     names = args.variants.split(",")
     dev = torch.device("cpu" if args.smoke else "cuda")

@@ -83,22 +83,33 @@ class GridError(RuntimeError):
     """A check that failed: the figures after it would not mean anything."""
 
 
+class StudyLog:
+    """A study's log, called with a message: the line is printed and appended to `path`, stamped with
+    the seconds since the log was opened (serving_grid, live_study and step_study write theirs so)."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a")
+        self.started = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def __call__(self, message: str) -> None:
+        line = f"[{self.elapsed_s():6.1f}s] {message}"
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
 class Run:
     """Output folder, log, results and clock of one run."""
 
     def __init__(self, out: Path, device: torch.device):
         self.out, self.device = out, device
         out.mkdir(parents=True, exist_ok=True)
-        self.log_file = open(out / "serving_grid.log", "a")
-        self.started = time.monotonic()
+        self.log = StudyLog(out / "serving_grid.log")
         self.results: dict = {"device": describe_device(device), "versions": describe_versions(),
                               "commit": find_commit(), "sections": {}}
-
-    def log(self, message: str) -> None:
-        line = f"[{time.monotonic() - self.started:6.1f}s] {message}"
-        print(line, flush=True)
-        self.log_file.write(line + "\n")
-        self.log_file.flush()
 
     def save(self) -> None:
         tmp = self.out / ".results.json.tmp"
@@ -908,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
         run.results["traceback"] = traceback.format_exc()
         run.log(run.results["traceback"])
         code = 1
-    run.results["total_seconds"] = round(time.monotonic() - run.started, 1)
+    run.results["total_seconds"] = round(run.log.elapsed_s(), 1)
     run.save()
     return code
 

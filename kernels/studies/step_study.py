@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -52,6 +51,7 @@ from kernels.studies.serving_grid import (
     KernelTimer,
     Point,
     StepTimer,
+    StudyLog,
     ctx_pages,
     describe_time,
     make_pool,
@@ -311,14 +311,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log_file = open(out / "study.log", "a")
-    started = time.monotonic()
-
-    def log(msg):
-        line = f"[{time.monotonic() - started:6.1f}s] {msg}"
-        print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+    log = StudyLog(out / "study.log")
 
     dev = torch.device("cuda")
 
@@ -348,7 +341,7 @@ def main(argv=None) -> int:
         (out / "study.json").write_text(json.dumps(results, indent=1) + "\n")
         del pt
         torch.cuda.empty_cache()
-    results["total_seconds"] = round(time.monotonic() - started, 1)
+    results["total_seconds"] = round(log.elapsed_s(), 1)
     (out / "study.json").write_text(json.dumps(results, indent=1) + "\n")
     if not args.sweep:
         log("\n" + summarize(results["points"]))
