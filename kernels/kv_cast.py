@@ -736,6 +736,25 @@ def _live_pages(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
     return ((lens + page_size - 1) // page_size).clamp(max=width).tolist()
 
 
+def _check_table_out(table_out: torch.Tensor, page_table: torch.Tensor) -> None:
+    if table_out.dtype != torch.int32 or table_out.shape != page_table.shape or not table_out.is_contiguous():
+        raise ValueError(f"table_out: {table_out.dtype} {tuple(table_out.shape)}, expected contiguous "
+                         f"int32 {tuple(page_table.shape)}")
+
+
+def _pages_capacity(pool2d: torch.Tensor, out2d: torch.Tensor, page_size: int, n_max: int) -> tuple[int, int]:
+    """(pool pages, capacity = min(out pages, pool pages)), refusing an out that some live count up
+    to n_max (the table's bs x width) would not fit: a count past it would cast only part of the pool."""
+    if page_size < 1 or pool2d.shape[0] % page_size:
+        raise ValueError(f"page_size: {page_size}, pool has {pool2d.shape[0]} rows (need a multiple)")
+    pool_pages = pool2d.shape[0] // page_size
+    capacity = min(out2d.shape[0] // page_size, pool_pages)
+    if capacity < min(n_max, pool_pages):
+        raise ValueError(f"out: {out2d.shape[0] // page_size} pages; needs min(bs * width, pool pages) = "
+                         f"{min(n_max, pool_pages)} so that any live count fits")
+    return pool_pages, capacity
+
+
 def plan_live_pages(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -765,9 +784,7 @@ def plan_live_pages(
     bs, width = _check_page_table(page_table, seq_lens, dev)
     if page_size < 1 or capacity < 0:
         raise ValueError(f"page_size/capacity: {page_size}/{capacity}, expected >= 1 / >= 0")
-    if table_out.dtype != torch.int32 or table_out.shape != page_table.shape or not table_out.is_contiguous():
-        raise ValueError(f"table_out: {table_out.dtype} {tuple(table_out.shape)}, expected contiguous "
-                         f"int32 {tuple(page_table.shape)}")
+    _check_table_out(table_out, page_table)
     _check_index_1d("flat", flat, dev)
     most = max(1, min(capacity, bs * width))
     if flat.dtype != torch.int32 or flat.numel() < most:
@@ -817,16 +834,10 @@ def gather_cast_planned_pages(
     """
     pool2d = _as_pool_2d(pool)
     dev, dim = pool2d.device, pool2d.shape[1]
-    if page_size < 1 or pool2d.shape[0] % page_size:
-        raise ValueError(f"page_size: {page_size}, pool has {pool2d.shape[0]} rows (need a multiple)")
     _check_index_1d("flat", flat, dev)
     _check_count("count", count, dev)
     out2d = _as_rows_2d("out", out, dim, dev)
-    pool_pages = pool2d.shape[0] // page_size
-    capacity = min(out2d.shape[0] // page_size, pool_pages)
-    if capacity < min(n_max, pool_pages):  # else a count past it would cast only part of the pool
-        raise ValueError(f"out: {out2d.shape[0] // page_size} pages; needs min(n_max, pool pages) = "
-                         f"{min(n_max, pool_pages)} so that any live count fits")
+    pool_pages, capacity = _pages_capacity(pool2d, out2d, page_size, n_max)
     if flat.numel() < max(1, min(capacity, n_max)):
         raise ValueError(f"flat: {flat.numel()} entries, fewer than the {min(capacity, n_max)} pages out can hold")
     if n_max <= 0:
@@ -872,18 +883,10 @@ def gather_cast_live_pages(
     """
     pool2d = _as_pool_2d(pool)
     dev, dim = pool2d.device, pool2d.shape[1]
-    if page_size < 1 or pool2d.shape[0] % page_size:
-        raise ValueError(f"page_size: {page_size}, pool has {pool2d.shape[0]} rows (need a multiple)")
     bs, width = _check_page_table(page_table, seq_lens, dev)
-    if table_out.dtype != torch.int32 or table_out.shape != page_table.shape or not table_out.is_contiguous():
-        raise ValueError(f"table_out: {table_out.dtype} {tuple(table_out.shape)}, expected contiguous "
-                         f"int32 {tuple(page_table.shape)}")
+    _check_table_out(table_out, page_table)
     out2d = _as_rows_2d("out", out, dim, dev)
-    pool_pages = pool2d.shape[0] // page_size
-    capacity = min(out2d.shape[0] // page_size, pool_pages)
-    if capacity < min(bs * width, pool_pages):
-        raise ValueError(f"out: {out2d.shape[0] // page_size} pages; needs min(bs * width, pool pages) = "
-                         f"{min(bs * width, pool_pages)} so that any live count fits")
+    _, capacity = _pages_capacity(pool2d, out2d, page_size, bs * width)
     if bs == 0 or width == 0:
         return out
     flat = torch.empty(max(1, min(capacity, bs * width)), dtype=torch.int32, device=dev)
