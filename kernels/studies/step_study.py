@@ -41,14 +41,13 @@ from kernels.kv_cast import (
     copy_live_indices,
     gather_cast_live_pages,
     gather_cast_live_rows,
-    gather_cast_planned_pages,
-    plan_live_pages,
 )
 from kernels.studies.serving_grid import (
     DIM,
     LAYERS,
     ColdTimer,
     KernelTimer,
+    PagePlan,
     Point,
     StepTimer,
     StudyLog,
@@ -128,18 +127,12 @@ def time_point(log, pt: Point, scratch: torch.Tensor, copy_tb: float, timers: di
             demoted += [rows, count]
         for page in (1, 64):
             table = tables[page]
-            bs, width = table.shape
-            capacity = min(pt.pool_tokens // page, table.numel())
-            out = scratch[: capacity * page]
-            flat = torch.empty(max(1, capacity), dtype=torch.int32, device=dev)
-            n_pages = torch.empty(1, dtype=torch.int32, device=dev)
-            table_out = torch.empty_like(table)
-
-            def pages_step():
-                plan_live_pages(table, pt.lens, page, capacity, flat, n_pages, table_out)
+            plan = PagePlan(table, pt.lens, page, pt.pool_tokens)
+            out = scratch[: plan.capacity * page]
+            pages_step = plan.plan
 
             def pages_call():
-                gather_cast_planned_pages(pt.pool, flat, n_pages, bs * width, page, out)
+                plan.gather(pt.pool, out)
 
             cells = {}
             for name, fn in (("cold", lambda: (pages_step(), timers["cold"].time_us(pages_call))[1]),
@@ -150,14 +143,14 @@ def time_point(log, pt: Point, scratch: torch.Tensor, copy_tb: float, timers: di
             cells["plan_kernel_us"] = timers["kernel"].time_us(pages_step)
             with_policy(policy, lambda: (pages_step(), pages_call()))
             n = ctx_pages(pt.ctx, page)
-            used = table_out[:, :n].flatten().long()
+            used = plan.table_out[:, :n].flatten().long()
             got_rows = out.view(-1, page, DIM)[used].view(-1, DIM)
             want_rows = pt.pool.view(-1, page, DIM)[table[:, :n].flatten().long()].view(FP8).to(BF16).view(-1, DIM)
             row["checks"][f"pages{page}_{tag}"] = same_bits(got_rows, want_rows) and torch.equal(
                 used.sort().values.cpu(), torch.arange(pt.live_rows // page))
             row["variants"][f"pages{page}_planned_{tag}"] = cells
             if policy:
-                demoted += [flat, n_pages]
+                demoted += [plan.flat, plan.count]
         # the pages path as the patch had it: plan and gather in every call (kernel-timed: both kernels)
         table = tables[64]
         out = scratch[: min(pt.pool_tokens // 64, table.numel()) * 64]
@@ -196,7 +189,6 @@ CONFIGS = {  # --sweep: LIVE_CONFIG overrides, each timed kernel-only at every p
 
 def sweep_point(log, pt: Point, scratch: torch.Tensor, copy_tb: float, timer: KernelTimer, names: list[str]) -> dict:
     """Kernel-timed rows, pages (1) and pages (64) planned, under each configuration in `names`."""
-    dev = pt.pool.device
     moved = 3 * pt.live_rows * DIM
     ids = pt.index.clone()
     row = {"pool": pt.pool_tokens, "bs": pt.bs, "ctx": pt.ctx, "live_rows": pt.live_rows, "configs": {}, "checks": {}}
@@ -214,21 +206,16 @@ def sweep_point(log, pt: Point, scratch: torch.Tensor, copy_tb: float, timer: Ke
             ok = same_bits(compact[: pt.live_rows].view(-1, DIM), want)
             for page in (1, 64):
                 table = tables[page]
-                capacity = min(pt.pool_tokens // page, table.numel())
-                out = scratch[: capacity * page]
-                flat = torch.empty(max(1, capacity), dtype=torch.int32, device=dev)
-                n_pages = torch.empty(1, dtype=torch.int32, device=dev)
-                table_out = torch.empty_like(table)
-                plan_live_pages(table, pt.lens, page, capacity, flat, n_pages, table_out)
-                cells[f"pages{page}"] = describe_time(timer.time_us(
-                    lambda: gather_cast_planned_pages(pt.pool, flat, n_pages, table.numel(), page, out)),
-                    moved, copy_tb)
+                plan = PagePlan(table, pt.lens, page, pt.pool_tokens)
+                out = scratch[: plan.capacity * page]
+                plan.plan()
+                cells[f"pages{page}"] = describe_time(timer.time_us(lambda: plan.gather(pt.pool, out)), moved, copy_tb)
                 n = ctx_pages(pt.ctx, page)
-                used = table_out[:, :n].flatten().long()
+                used = plan.table_out[:, :n].flatten().long()
                 ok = ok and same_bits(out.view(-1, page, DIM)[used].view(-1, DIM), pt.pool.view(-1, page, DIM)[
                     table[:, :n].flatten().long()].view(FP8).to(BF16).view(-1, DIM))
-                demote(flat)
-                demote(n_pages)
+                demote(plan.flat)
+                demote(plan.count)
             demote(rows)
             demote(count)
             row["configs"][name] = cells
@@ -260,15 +247,13 @@ def overflow_point(log, pool: torch.Tensor, copy_tb: float, timer: KernelTimer) 
         bs = 32
         table = torch.randint(0, pool_pages, (bs, pool_pages), generator=gen, device=dev, dtype=torch.int32)
         lens = torch.full((bs,), pool_pages * page, dtype=torch.int32, device=dev)
-        flat = torch.empty(pool_pages, dtype=torch.int32, device=dev)
-        n_pages = torch.empty(1, dtype=torch.int32, device=dev)
-        table_out = torch.empty_like(table)
-        plan_live_pages(table, lens, page, pool_pages, flat, n_pages, table_out)
+        plan = PagePlan(table, lens, page, tokens)
+        plan.plan()
         out.zero_()
-        row["variants"][f"pages{page}_overflow"] = describe_time(timer.time_us(
-            lambda: gather_cast_planned_pages(pool, flat, n_pages, table.numel(), page, out)), moved, copy_tb)
+        row["variants"][f"pages{page}_overflow"] = describe_time(timer.time_us(lambda: plan.gather(pool, out)),
+                                                                 moved, copy_tb)
         row["checks"][f"pages{page}"] = (same_bits(out.view(-1, DIM), want.view(-1, DIM))
-                                         and torch.equal(table_out, table))
+                                         and torch.equal(plan.table_out, table))
     index = torch.randint(0, tokens, (2 * tokens,), generator=gen, device=dev, dtype=torch.int32)
     count = torch.tensor([2 * tokens], dtype=torch.int32, device=dev)
     out.zero_()
