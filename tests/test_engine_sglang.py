@@ -853,3 +853,48 @@ def _processes_of_run(base: str, within_s: float = 120.0) -> list[int]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+def _read_trace_steps(path: Path):
+    """The trace read alone, as `stepwatch import TRACE` reads it: its step spans give its steps."""
+    from ingest.traces.analyse import analyse_trace
+    from ingest.traces.trace_read import read_trace
+
+    return analyse_trace(read_trace(path), load_rule_chain())
+
+
+# One speculative decoding iteration of sglang 0.5.23's EAGLEWorkerV2 (eagle_worker_v2.py:1444-1510):
+# the step spans, under CUDA graphs (the draft's graph replays bypass ModelRunner.forward) and eager
+# (speculative_num_steps - 1 = 2 draft forwards, the verify, one draft-extend forward).
+SPEC_ITERATION = {True: ["step[VERIFY bs=2]"],
+                  False: ["step[DRAFT bs=2]", "step[DRAFT bs=2]", "step[VERIFY bs=2]", "step[DRAFT bs=2]"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
+def test_speculative_decoding_trace_reads_one_step_per_iteration(fake, tmp_path, monkeypatch, graphs):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) running EAGLE
+    speculative decoding as sglang 0.5.23 structures it: its DECODE trace has no `step[DECODE`
+    span, and each decode iteration is a `draft` stage, a `step[VERIFY ...]` forward and a
+    `draft_extend` stage (profile_utils.py:485-488, spec_utils.py:852). The reader takes one step
+    per iteration, timed from the draft stage's start to the draft-extend stage's end; main's read
+    every span as a step (eager: 12 steps for 3 iterations) or the verify forward alone."""
+    made, model, config = fake
+    monkeypatch.setenv("FAKE_SGLANG_BURST", "2")
+    extra = ("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(model),
+             "--speculative-num-steps", "3") + (() if graphs else ("--disable-cuda-graph",))
+    bundle = run_sglang_server(_spec(model, batch_size=2, output_len=6, extra_args=extra), config, RecordingHost(),
+                               sha=made.current_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert len(m.traces) == 1 and m.traces[0].endswith("-TP-0-DECODE.trace.json.gz")
+    events = _trace_events(bundle / m.traces[0])
+    assert [s["name"] for s in _step_spans(events)] == SPEC_ITERATION[graphs] * 3
+    stages = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"] in ("draft", "draft_extend")),
+                    key=lambda e: e["ts"])
+    assert [s["name"] for s in stages] == ["draft", "draft_extend"] * 3
+    expected_us = [e["ts"] + e["dur"] - d["ts"] for d, e in zip(stages[::2], stages[1::2])]
+    figures = _read_trace_steps(bundle / m.traces[0])
+    assert (figures.step_method, figures.steps) == ("span", 3)
+    assert list(figures.step_table["wall_us"]) == pytest.approx(expected_us, abs=1e-3)
+    assert figures.step_ms_median == pytest.approx(sorted(expected_us)[1] / 1e3, abs=1e-6)
+    assert any(n.startswith("SGLang speculative decoding: 3 decode iterations") for n in figures.notes)
