@@ -898,3 +898,120 @@ def test_speculative_decoding_trace_reads_one_step_per_iteration(fake, tmp_path,
     assert list(figures.step_table["wall_us"]) == pytest.approx(expected_us, abs=1e-3)
     assert figures.step_ms_median == pytest.approx(sorted(expected_us)[1] / 1e3, abs=1e-6)
     assert any(n.startswith("SGLang speculative decoding: 3 decode iterations") for n in figures.notes)
+
+
+# --- The stand-in's server arguments and /generate, against sglang 0.5.23's -------------------
+
+@pytest.fixture(scope="module")
+def release_fake(sglang_wheel, tmp_path_factory):
+    """A stand-in SGLang checkout whose servers declare sglang 0.5.23's whole server-argument set,
+    read from the wheel at test time (tests/sglang_wheel.py read_server_flags; skips without a
+    network, as every wheel test does)."""
+    from tests.sglang_wheel import read_server_flags
+
+    root = tmp_path_factory.mktemp("fake-sglang-release-flags")
+    made = make_fake_sglang(root / "sglang", server_flags=read_server_flags(sglang_wheel))
+    model = write_model_config(root / "model", layers=2)
+    config = Config(hosts={"local": HostConfig("local", python=sys.executable)},
+                    repos={"fake": RepoConfig("fake", str(made.path))}, patches={})
+    return made, model, config
+
+
+def _parse_server_args(checkout: Path, *argv: str) -> subprocess.CompletedProcess:
+    """The stand-in's ServerArgs.add_cli_args parser on argv, as launch_server builds it."""
+    code = ("import argparse, json, sys; from sglang.srt.server_args import ServerArgs; p = argparse.ArgumentParser(); "
+            "ServerArgs.add_cli_args(p); a = ServerArgs.from_cli_args(p.parse_args(sys.argv[1:])); "
+            "print(json.dumps({k: getattr(a, k) for k in ('tp_size', 'max_total_tokens', 'disable_cuda_graph')}))")
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=checkout, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(checkout / "python")}, timeout=120)
+
+
+def test_stand_in_takes_the_release_server_flags_and_refuses_others_as_argparse_does(release_fake):
+    """The stand-in (SGLang cannot be installed here, FACTS.md section 4) declares every server flag
+    of sglang 0.5.23 (read from its fields/*.py and server_args.py): real flags main's stand-in did not
+    know pass, with SGLang's aliases, prefixes and human_readable_int values; an unknown flag, a value
+    outside a flag's choices and a non-number for a number are refused with exit 2, as argparse does."""
+    made = release_fake[0]
+    ok = _parse_server_args(made.path, "--model", "m", "--tensor-parallel-size", "2", "--mem-fraction-static", "0.8",
+                            "--cuda-graph-max-bs-decode", "16", "--chunked-prefill-size", "4096",
+                            "--enable-mixed-chunk",
+                            "--max-total-tokens", "4Ki", "--disable-cuda-graph", "--attn-dp-size", "2",
+                            "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"tp_size": 2, "max_total_tokens": 4096, "disable_cuda_graph": True}
+    for argv, message in [(("--mem-fraction-statik", "0.8"), "unrecognized arguments: --mem-fraction-statik 0.8"),
+                          (("--kv-cache-dtype", "fp8"), "argument --kv-cache-dtype: invalid choice: 'fp8'"),
+                          (("--cuda-graph-max-bs-decode", "many"),
+                           "argument --cuda-graph-max-bs-decode: invalid int value: 'many'"),
+                          # 0.5.23 has no --cuda-graph-max-bs: only its -decode and -prefill flags
+                          (("--cuda-graph-max-bs", "8"), "ambiguous option: --cuda-graph-max-bs could match"),
+                          ((), "the following arguments are required: --model-path/--model")]:
+        refused = _parse_server_args(made.path, *(("--model-path", "m") if argv else ()), *argv)
+        assert refused.returncode == 2 and message in refused.stderr, (argv, refused.stderr[-300:])
+
+
+@pytest.mark.slow
+def test_server_run_with_real_extra_args(release_fake, tmp_path):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) declaring sglang
+    0.5.23's server arguments: a spec's extra_args with real flags main's stand-in refused
+    (--mem-fraction-static, --cuda-graph-max-bs-decode, --chunked-prefill-size) run, and are in the argv."""
+    made, model, config = release_fake
+    extra = ("--mem-fraction-static", "0.8", "--cuda-graph-max-bs-decode", "8", "--chunked-prefill-size=4096")
+    bundle = run_sglang_server(_spec(model, output_len=6, extra_args=extra), config, RecordingHost(),
+                               sha=made.current_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert m.extra["argv"][-5:] == list(extra) and len(m.traces) == 1
+    assert [s["name"] for s in _step_spans(_trace_events(bundle / m.traces[0]))] == ["step[DECODE bs=1]"] * 3
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_generate_refuses_unknown_sampling_parameters_with_400(fake, tmp_path):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4): /generate
+    checks its body against sglang 0.5.23's API contract before admitting it (http_server.py:937-939,
+    api_types.py:1256-1320): an unknown sampling parameter is a 400 with serde's message; unknown
+    keys of the request itself are ignored (api_types.py:237); a valid request streams its tokens."""
+    import urllib.error
+    import urllib.request
+
+    made, model, _ = fake
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
+                               "--load-format", "dummy", "--port", str(port)], cwd=made.path,
+                              env={**os.environ, "PYTHONPATH": str(made.path / "python")},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def post(body):
+        req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5):
+                    break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "the stand-in server did not start"
+                time.sleep(0.5)
+        status, body = post({"input_ids": [1, 2, 3], "sampling_params": {"max_new_token": 4}})
+        assert status == 400
+        assert body["error"].startswith("unknown field `max_new_token`, expected one of `max_new_tokens`, `stop`, ")
+        assert post({"input_ids": [1, 2, 3], "no_such_key": 1, "sampling_params": {"max_new_tokens": 2}}) == (
+            200, {"text": "xx", "meta_info": {"prompt_tokens": 3, "completion_tokens": 2}})
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

@@ -190,9 +190,9 @@ DECODE_MIN_BS_FIELD = '''    # profile_by_stage: do not start the decode-stage c
 # arg_utils.py:298-417 turns them into flags, and server_args.py:351-441's own add_argument
 # calls); without it (no wheel: no network) the stand-in declares only these, each as 0.5.23
 # declares it (tests/test_sglang_flags.py checks them against the wheel).
-def _flag(names, dest=None, action="store", type="str", nargs=None, choices=None, required=False):
-    return {"names": list(names), "dest": dest or names[0][2:].replace("-", "_"), "action": action,
-            "type": type, "nargs": nargs, "choices": list(choices) if choices else None, "required": required}
+def _flag(names, dest=None, action="store", type="str", nargs=None, choices=None, required=False, const=None):
+    return {"names": list(names), "dest": dest or names[0][2:].replace("-", "_"), "action": action, "type": type,
+            "nargs": nargs, "choices": list(choices) if choices else None, "required": required, "const": const}
 
 
 BUILT_IN_SERVER_FLAGS = [
@@ -203,9 +203,9 @@ BUILT_IN_SERVER_FLAGS = [
     _flag(["--load-format"], choices=LOAD_FORMAT_CHOICES),
     _flag(["--kv-cache-dtype"], choices=KV_CACHE_DTYPE_CHOICES),
     _flag(["--attention-backend"], choices=ATTENTION_BACKEND_CHOICES),
-    _flag(["--max-total-tokens"], type="int"),
+    _flag(["--max-total-tokens"], type="human_int"),  # fields/schedule.py:39-50
     _flag(["--max-running-requests"], type="int"),
-    _flag(["--max-prefill-tokens"], type="int"),
+    _flag(["--max-prefill-tokens"], type="human_int"),
     _flag(["--enable-mixed-chunk"], action="store_true"),
     _flag(["--disable-cuda-graph"], action="store_true"),  # server_args.py:410 (deprecated)
     _flag(["--trust-remote-code"], action="store_true"),
@@ -229,9 +229,26 @@ HONOURED; it takes and ignores every other."""
 
 import argparse
 import json
+import re
 
 SERVER_FLAGS = json.loads(__SERVER_FLAGS__)
-TYPES = {"int": int, "float": float, "str": str}
+
+
+def human_readable_int(value):
+    """utils/common.py:3394-3430: an integer, or one with an SI (k, M, G, T) or IEC (Ki .. Ti) suffix."""
+    value = value.strip()
+    match = re.fullmatch(r"(\\d+(?:\\.\\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.endswith("i"):
+            if "." in number:
+                raise argparse.ArgumentTypeError(f"Decimals are not allowed with IEC suffixes like '{suffix}'.")
+            return int(number) * {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[suffix]
+        return int(float(number) * {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix])
+    return int(value)
+
+
+TYPES = {"int": int, "float": float, "str": str, "human_int": human_readable_int}
 
 # what the stand-in does something with, and its default when the flag is not given
 HONOURED = {"model_path": None, "tokenizer_path": None, "tp_size": 1, "dp_size": 1, "load_format": "auto",
@@ -266,6 +283,8 @@ class ServerArgs:
                     kwargs["choices"] = flag["choices"]
                 if flag["required"]:
                     kwargs["required"] = True
+                if flag.get("const") is not None and flag["nargs"] == "?":
+                    kwargs["const"] = flag["const"]
             parser.add_argument(*flag["names"], **kwargs)
 
     @classmethod
@@ -478,7 +497,8 @@ class CudaGraphRunner:
 
     def can_run_graph(self, forward_batch):
         # ForwardMode.is_cuda_graph (forward_batch_info.py:275-279): DECODE, TARGET_VERIFY, IDLE
-        return forward_batch.forward_mode in ("DECODE", "TARGET_VERIFY") and forward_batch.batch_size <= CUDA_GRAPH_MAX_BS
+        mode = forward_batch.forward_mode
+        return mode in ("DECODE", "TARGET_VERIFY") and forward_batch.batch_size <= CUDA_GRAPH_MAX_BS
 
     def replay(self, forward_batch, hidden):
         static = self.static_hidden[: forward_batch.batch_size]
