@@ -1015,3 +1015,57 @@ def test_generate_refuses_unknown_sampling_parameters_with_400(fake, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+# --- The model directory --load-format dummy still needs -------------------------------------
+
+def _one_batch(checkout: Path, model: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model),
+                           "--load-format", "dummy", "--batch-size", "1", "--input-len", "8", "--output-len", "4"],
+                          cwd=checkout, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(checkout / "python")})
+
+
+@pytest.mark.slow
+def test_stand_in_refuses_a_model_directory_without_config_or_tokenizer(fake, tmp_path):
+    """The stand-in (SGLang cannot be installed here, FACTS.md section 4) needs what sglang 0.5.23's
+    one-batch benchmark reads with --load-format dummy: config.json with a model_type
+    (ModelConfig.from_server_args, one_batch.py:332) and a tokenizer (get_tokenizer, :374-378)."""
+    made = fake[0]
+    assert _one_batch(made.path, write_model_config(tmp_path / "full")).returncode == 0
+    no_tokenizer = _one_batch(made.path, write_model_config(tmp_path / "no-tokenizer", tokenizer=False))
+    assert no_tokenizer.returncode == 1 and f"OSError: Can't load tokenizer for '{tmp_path}/no-tokenizer'" in \
+        no_tokenizer.stderr
+    untyped = write_model_config(tmp_path / "no-model-type")
+    (untyped / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    refused = _one_batch(made.path, untyped)
+    assert refused.returncode == 1 and "Should have a `model_type` key in its config.json" in refused.stderr
+
+
+@pytest.mark.parametrize("server", [False, True], ids=["one-batch", "server"])
+def test_engine_refuses_a_model_directory_sglang_cannot_load_up_front(fake, tmp_path, server):
+    """The engine says what SGLang would stop on (after minutes of start-up on a GPU host), before
+    any worktree or process: one line naming the directory and what it lacks."""
+    made, _, config = fake
+    run = run_sglang_server if server else run_sglang
+    bare = write_model_config(tmp_path / "bare", tokenizer=False)
+    host = RecordingHost()
+    with pytest.raises(RunError) as err:
+        run(_spec(bare), config, host, sha=made.current_sha, work_dir_local=tmp_path / "work")
+    assert str(err.value) == (f"workload.model_path: {bare} has no tokenizer (none of tokenizer.json, "
+                              "tokenizer.model, vocab.json, ...); sglang 0.5.23 reads the model's Hugging Face "
+                              "config.json and its tokenizer even with --load-format dummy (only the weights are "
+                              "skipped)")
+    (bare / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    with pytest.raises(RunError, match=f"^workload.model_path: {bare}/config.json has no model_type "):
+        run(_spec(bare), config, host, sha=made.current_sha, work_dir_local=tmp_path / "work")
+    with pytest.raises(RunError, match=f"^workload.model_path: {tmp_path}/none is not a directory; "):
+        run(_spec(tmp_path / "none"), config, host, sha=made.current_sha, work_dir_local=tmp_path / "work")
+    assert _worktrees(made.path) == [str(made.path)] and not any(Path(d).exists() for d in host.temp_dirs)
+    # a tokenizer elsewhere (--tokenizer-path), or none loaded (the server's --skip-tokenizer-init): no refusal
+    from ingest.runs.engines.sglang import plan_model_dir_check
+
+    assert plan_model_dir_check(Workload(model_path="/m", extra_args=("--tokenizer-path=/t",)), server) == \
+        ["/m", "/t", "1"]
+    assert plan_model_dir_check(Workload(model_path="/m", extra_args=("--skip-tokenizer-init",)), server) == \
+        ["/m", "/m", "0" if server else "1"]

@@ -361,6 +361,42 @@ except Exception:
 print(json.dumps({"layers": layers}))
 '''
 
+# Runs on the host with the model directory, the tokenizer's directory and "1" when the tokenizer is
+# loaded: the first problem sglang 0.5.23 would stop on even with --load-format dummy, or null.
+# ModelConfig.from_server_args (benchmark/one_batch.py:332; transformers' AutoConfig) needs
+# config.json with a model_type; get_tokenizer (one_batch.py:374-378, the server's tokenizer
+# manager unless --skip-tokenizer-init) needs the tokenizer's files. A model name that is no
+# directory here (`org/name`) is a Hugging Face hub id SGLang downloads: nothing to check.
+MODEL_DIR_SCRIPT = r'''
+import json, os, sys
+model, tokenizer, needs_tokenizer = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "spiece.model", "tiktoken.model")
+
+
+def problem():
+    if not os.path.isdir(model):
+        return f"{model} is not a directory" if os.path.isabs(model) or model.startswith(".") else None
+    config = os.path.join(model, "config.json")
+    if not os.path.isfile(config):
+        return f"{model} has no config.json"
+    try:
+        with open(config) as f:
+            body = json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{config} is not JSON ({str(e)[:80]})"
+    if not isinstance(body, dict) or "model_type" not in body:
+        return f"{config} has no model_type (a Hugging Face config names its model type)"
+    if needs_tokenizer and os.path.isdir(tokenizer):
+        names = os.listdir(tokenizer)
+        if not any(n in TOKENIZER_FILES or n.endswith(".tiktoken") for n in names):
+            return f"{tokenizer} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json, ...)"
+    return None
+
+
+print(json.dumps({"problem": problem()}))
+'''
+
 LIST_SCRIPT = r'''
 import json, os, sys
 print(json.dumps(sorted(os.listdir(sys.argv[1]))))
@@ -382,6 +418,32 @@ def parse_json_line(output: str, what: str):
             except ValueError:
                 continue
     raise RunError(f"{what}: printed no JSON (output ends: {output.strip()[-200:]!r})")
+
+
+def read_extra_arg(extra_args: tuple[str, ...] | list[str], *flags: str) -> str | None:
+    """The value a flag (any of its spellings) is given in extra_args, `--flag V` or `--flag=V`;
+    the last one wins, as in argparse; None when absent."""
+    found = None
+    for i, arg in enumerate(extra_args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            found = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else None)
+    return found
+
+
+def plan_model_dir_check(workload: Workload, server: bool) -> list[str]:
+    """MODEL_DIR_SCRIPT's arguments: the model directory, the tokenizer's (--tokenizer-path, else
+    the model's) and whether the run loads a tokenizer (the one-batch benchmark always does,
+    one_batch.py:374; the server unless --skip-tokenizer-init)."""
+    tokenizer = read_extra_arg(workload.extra_args, "--tokenizer-path") or workload.model_path
+    skips = server and "--skip-tokenizer-init" in workload.extra_args
+    return [str(workload.model_path), str(tokenizer), "0" if skips else "1"]
+
+
+def explain_model_dir_problem(problem: str) -> str:
+    """One line for a model directory SGLang would refuse."""
+    return (f"workload.model_path: {problem}; sglang 0.5.23 reads the model's Hugging Face config.json and its "
+            "tokenizer even with --load-format dummy (only the weights are skipped)")
 
 
 def describe_device(versions: dict, device_type: str) -> dict:
@@ -648,6 +710,11 @@ def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context],
     if on_scratch:
         on_scratch(dirs.base, repo_path)
     try:
+        problem = _probe(host, [python, "-c", MODEL_DIR_SCRIPT, *plan_model_dir_check(spec.workload,
+                                                                                     measure is measure_server)],
+                         "model directory probe").get("problem")
+        if problem:
+            raise RunError(explain_model_dir_problem(str(problem)))
         host.run(["mkdir", "-p", "--", dirs.profile, dirs.patches], timeout_s=_SHORT_S)
         add_worktree(host, repo_path, sha, dirs.worktree)
         progress("worktree")
