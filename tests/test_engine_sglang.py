@@ -50,7 +50,7 @@ from ingest.runs.engines.sglang import (
     run_sglang,
     run_sglang_server,
 )
-from ingest.runs.errors import CommandCancelled, CommandFailed, CommandTimeout, RunError
+from ingest.runs.errors import CommandCancelled, CommandFailed, CommandTimeout, RunError, SpecError
 from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import Config, HostConfig, RepoConfig, RunSpec, Workload
 from ingest.traces.categories import load_rule_chain
@@ -1069,3 +1069,75 @@ def test_engine_refuses_a_model_directory_sglang_cannot_load_up_front(fake, tmp_
         ["/m", "/t", "1"]
     assert plan_model_dir_check(Workload(model_path="/m", extra_args=("--skip-tokenizer-init",)), server) == \
         ["/m", "/m", "0" if server else "1"]
+
+
+# --- DP ranks: each holds its share of the batch ------------------------------------------------
+
+@pytest.mark.parametrize("extra,ranks", [((), 1), (("--attn-dp-size", "2"), 2),
+                                         (("--attention-data-parallel-size=4",), 4),
+                                         (("--dp-size", "2", "--enable-dp-attention"), 2)])
+def test_decode_threshold_is_each_dp_rank_share(extra, ranks):
+    """sglang 0.5.23 compares SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS with each DP rank's own batch
+    (profiler_manager.py:431-434, ScheduleBatch.batch_size()): with 4 DP ranks no rank ever holds
+    the whole batch of 8, so main's threshold of 8 never started a decode capture."""
+    workload = Workload(model_path="m", tp=4, batch_size=8, output_len=8, extra_args=extra)
+    check_server_workload(workload)
+    assert build_server_env(workload)["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == str(8 // ranks)
+
+
+def test_dp_layouts_the_server_path_cannot_profile_are_refused_in_one_line():
+    with pytest.raises(SpecError) as err:
+        check_server_workload(Workload(model_path="m", tp=2, batch_size=5, output_len=8,
+                                       extra_args=("--attn-dp-size", "2")))
+    assert str(err.value) == ("workload.batch_size 5: does not split evenly over the 2 DP ranks of --attn-dp-size 2; "
+                              "SGLang deals requests round robin and each rank's profiler waits for its own "
+                              "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS requests: use a multiple of 2")
+    with pytest.raises(SpecError, match=r"^workload.extra_args --dp-size 2: DP replicas write traces of the same TP "
+                                        r"ranks \(-TP-0-DP-0, -TP-0-DP-1, ...\)"):
+        check_server_workload(Workload(model_path="m", tp=2, batch_size=4, output_len=8,
+                                       extra_args=("--data-parallel-size=2",)))
+    with pytest.raises(SpecError, match=r"^workload.extra_args --attn-dp-size 'two': not a positive integer$"):
+        check_server_workload(Workload(model_path="m", tp=2, batch_size=4, output_len=8,
+                                       extra_args=("--attn-dp-size", "two")))
+
+
+@pytest.mark.slow
+def test_server_path_with_dp_attention(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) with DP attention
+    as sglang 0.5.23 runs it: TP 2 as 2 attention-DP ranks, requests dealt round robin, each rank's
+    profiler counting its own batch of 2 and naming its files -TP-{tp}-DP-{dp}
+    (profiler_manager.py:344-351). The engine sets the decode threshold to the rank's share (2), so
+    each rank's DECODE trace holds 3 decode steps of its 2 requests; the importer reads the rank
+    from -TP-. Main's engine asked for 4 on each rank: the decode capture never started."""
+    made, model, config = fake
+    monkeypatch.setenv("FAKE_SGLANG_BURST", "4")
+    spec = _spec(model, tp=2, batch_size=4, output_len=6, extra_args=("--attn-dp-size", "2"))
+    bundle = run_sglang(spec, config, RecordingHost(), sha=made.current_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert m.extra["server_env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "2"
+    assert [t.split("-", 1)[1].split("-", 1)[1] for t in m.traces] == ["TP-0-DP-0-DECODE.trace.json.gz",
+                                                                       "TP-1-DP-1-DECODE.trace.json.gz"]
+    for trace in m.traces:
+        assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=2]"] * 3
+    record = prepare_import(bundle, load_rule_chain(), ImportOptions())
+    assert record.ranks == 2 and record.steps == 3
+
+
+@pytest.mark.slow
+def test_stand_in_counts_mixed_batches_as_prefill(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) with
+    --enable-mixed-chunk: a request that arrives while others decode is prefilled in one MIXED
+    forward with their decode step, and the by-stage profiler counts MIXED as a prefill
+    (ForwardMode.is_prefill, forward_batch_info.py:224-235; profiler_manager.py:415). At the older
+    commit (no decode threshold) the first MIXED batch after the decode capture began stops it and
+    saves it as -EXTEND: no DECODE trace, as with a late EXTEND. With the threshold (current
+    commit) the capture waits for all 3 requests, and holds full-batch decode steps only."""
+    made, model, config = fake
+    _staggered(monkeypatch, batch_size=3, gap_steps=2)
+    spec = _spec(model, tp=2, batch_size=3, output_len=10, profile_steps=1, extra_args=("--enable-mixed-chunk",))
+    with pytest.raises(CommandFailed) as err:
+        run_sglang(spec, config, RecordingHost(), sha=made.old_sha, work_dir_local=tmp_path / "old")
+    assert "found -EXTEND traces of TP 0, 1; /stop_profile answered HTTP 500 (no capture running)" in str(err.value)
+    bundle = run_sglang(spec, config, RecordingHost(), sha=made.current_sha, work_dir_local=tmp_path / "current")
+    for trace in read_bundle(bundle).traces:
+        assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=3]"]

@@ -31,9 +31,17 @@ process per TP rank, and models what the engine's server path depends on:
   decode trace (a late prefill saves the decode capture as -EXTEND; /stop_profile then answers
   500) and, in commit 2, its remedy SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS;
 - SGLang's step spans (commit 2): every ModelRunner.forward inside
-  `torch.profiler.record_function(build_step_span_name(...))`, `step[EXTEND bs=N toks=T]` and
-  `step[DECODE bs=N]`, in one-batch and server runs alike, with decode under a CUDA-graph-like
-  shape (`--disable-cuda-graph`, deprecated in 0.5.23 but accepted, turns it off).
+  `torch.profiler.record_function(build_step_span_name(...))`, `step[EXTEND bs=N toks=T]`,
+  `step[DECODE bs=N]`, `step[MIXED bs=N]`, `step[IDLE bs=0]` and, with speculative decoding,
+  `step[VERIFY bs=N]` and `step[DRAFT bs=N]` inside `draft` / `draft_extend` stage spans, in
+  one-batch and server runs alike, with decode and verify under a CUDA-graph-like shape
+  (`--disable-cuda-graph`, deprecated in 0.5.23 but accepted, turns it off);
+- the server's arguments: sglang 0.5.23's whole set when make_fake_sglang is given it (read from
+  the wheel, tests/sglang_wheel.py), else a built-in few; unknown ones refused as argparse does;
+  `/generate` refuses unknown sampling parameters with 400 (api_contract.py);
+- the model directory: config.json with its model_type and a tokenizer, even with
+  `--load-format dummy` (write_model_config writes both);
+- DP attention (`--attn-dp-size`): each DP rank's own batch and profiler, files -TP-{tp}-DP-{dp}.
 
 Both benchmarks append SGLang's JSONL record to --result-filename and write REAL torch.profiler
 traces (CPU ops of a tiny MLA-like decode model, with_stack=True). The model's attention runs
@@ -200,6 +208,8 @@ BUILT_IN_SERVER_FLAGS = [
     _flag(["--tokenizer-path"]),
     _flag(["--tp-size", "--tensor-parallel-size"], "tp_size", type="int"),  # fields/parallel.py
     _flag(["--dp-size", "--data-parallel-size"], "dp_size", type="int"),
+    _flag(["--attn-dp-size", "--attention-data-parallel-size"], "attn_dp_size", type="int"),
+    _flag(["--enable-dp-attention"], action="store_true"),  # server_args.py:418 (deprecated)
     _flag(["--load-format"], choices=LOAD_FORMAT_CHOICES),
     _flag(["--kv-cache-dtype"], choices=KV_CACHE_DTYPE_CHOICES),
     _flag(["--attention-backend"], choices=ATTENTION_BACKEND_CHOICES),
@@ -251,7 +261,8 @@ def human_readable_int(value):
 TYPES = {"int": int, "float": float, "str": str, "human_int": human_readable_int}
 
 # what the stand-in does something with, and its default when the flag is not given
-HONOURED = {"model_path": None, "tokenizer_path": None, "tp_size": 1, "dp_size": 1, "load_format": "auto",
+HONOURED = {"model_path": None, "tokenizer_path": None, "tp_size": 1, "dp_size": 1, "attn_dp_size": 1,
+            "enable_dp_attention": False, "load_format": "auto",
             "kv_cache_dtype": "auto", "attention_backend": None, "max_total_tokens": None,
             "max_running_requests": None, "max_prefill_tokens": 16384, "enable_mixed_chunk": False,
             "disable_cuda_graph": False, "trust_remote_code": False, "skip_tokenizer_init": False,
@@ -474,6 +485,12 @@ class ForwardBatch:
         self.kv_indices = torch.cat([torch.cat([r.rows, r.rows[:1].expand(longest - len(r.rows))]) for r in reqs])
 
 
+class IdleBatch:
+    forward_mode = "IDLE"
+    batch_size = 0
+    extend_num_tokens = None
+
+
 class LaunchedWork:
     """Work launched on the (stand-in) device: it runs when the host first waits for it."""
 
@@ -590,6 +607,21 @@ class ModelRunner:
         hidden = torch.randn(len(reqs), HIDDEN, generator=self.gen).to(torch.bfloat16)
         return self.sample(self.forward(ForwardBatch("EXTEND", reqs), hidden), reqs)
 
+    def mixed(self, new, running):
+        """A MIXED batch (--enable-mixed-chunk): the new requests' prefill and the running ones'
+        decode step in one forward, `step[MIXED bs=N]` (profile_utils.py:491-495: no toks)."""
+        for req in new:
+            req.rows = torch.randperm(self.max_total_num_tokens, generator=self.gen)[: req.input_len]
+        self.add_decode_rows(running)
+        fresh = torch.randn(len(new), HIDDEN, generator=self.gen).to(torch.bfloat16)
+        hidden = torch.cat([fresh] + ([torch.stack([r.hidden for r in running])] if running else []))
+        return self.sample(self.forward(ForwardBatch("MIXED", new + running), hidden), new + running)
+
+    def idle(self):
+        """An IDLE forward of a DP rank without requests while others run (`step[IDLE bs=0]`)."""
+        with step_span(IdleBatch(), self.is_draft_worker):
+            pass
+
     def add_decode_rows(self, reqs):
         new = torch.randint(0, self.max_total_num_tokens, (len(reqs),), generator=self.gen)
         for req, row in zip(reqs, new):
@@ -673,6 +705,12 @@ class EagleWorker:
         if isinstance(extended, LaunchedWork):
             extended.wait()
         return out
+
+    def idle(self):
+        self.target.idle()
+
+    def mixed(self, new, running):
+        raise NotImplementedError("the stand-in does not mix chunked prefill with speculative decoding")
 
     def synchronize(self):
         pass
@@ -1048,8 +1086,10 @@ PREFILL_MODES = ("EXTEND", "MIXED", "TARGET_VERIFY", "SPLIT_PREFILL", "DLLM_EXTE
 
 
 class SchedulerProfilerManager:
-    def __init__(self, tp_rank, get_forward_ct):
+    def __init__(self, tp_rank, get_forward_ct, dp_rank=0, num_dp_ranks=1):
         self.tp_rank = tp_rank
+        self.dp_rank = dp_rank
+        self.num_dp_ranks = num_dp_ranks
         self.get_forward_ct = get_forward_ct
         self.torch_profiler = None
         self.activities = None
@@ -1116,9 +1156,11 @@ class SchedulerProfilerManager:
         stage_suffix = f"-{stage}" if stage else ""
         if self.torch_profiler is not None:
             self.torch_profiler.stop()
-            # :344-363 (DP/PP/EP parts only when those sizes are > 1: never here)
-            filename = (stage_prefix + "-".join([self.profile_id, f"TP-{self.tp_rank}"]) + stage_suffix
-                        + ".trace.json.gz")
+            # :344-363: the DP part only with more than one DP rank (PP and EP, > 1 only: never here)
+            parts = [self.profile_id, f"TP-{self.tp_rank}"]
+            if self.num_dp_ranks > 1:
+                parts.append(f"DP-{self.dp_rank}")
+            filename = stage_prefix + "-".join(parts) + stage_suffix + ".trace.json.gz"
             self.torch_profiler.export_chrome_trace(os.path.join(self.output_dir, filename))
             # :364 then waits at a barrier of the TP group; the stand-in's ranks run in lockstep
         self.torch_profiler = None
@@ -1185,8 +1227,11 @@ The scheduler mirrors sglang 0.5.23's sglang/srt/managers/scheduler.py: event_lo
 (get_next_batch_to_run :3894): a prefill (EXTEND) batch of waiting requests first when there are
 any (:3993), else one decode step of the running batch; run_batch (:4614) counts the forward
 (:4621) and asks the profiler manager before it (:4639). A prefilled request joins the running
-batch for the next step. Not modelled: chunked prefill, the overlap scheduler, the radix cache,
-retraction."""
+batch for the next step. With --enable-mixed-chunk a prefill while others run is mixed with their
+decode step into one MIXED forward (mix_with_running). DP attention: see Scheduler. Speculative
+decoding (--speculative-algorithm EAGLE, EAGLE3, NEXTN, STANDALONE): fake_model_runner.EagleWorker.
+Not modelled: chunked prefill's chunks (a MIXED batch prefills its requests whole), the overlap
+scheduler, the radix cache, retraction, DP replicas."""
 
 import json
 import multiprocessing
@@ -1242,7 +1287,7 @@ class Arrivals:
         return out
 
 
-def rank_main(server_args, tp_rank, inbox, outbox):
+def rank_main(server_args, tp_rank, dp_rank, dp_size, inbox, outbox):
     try:
         from sglang.srt.fake_model_runner import Req, make_worker
         from sglang.srt.fake_profiler_manager import SchedulerProfilerManager
@@ -1250,7 +1295,7 @@ def rank_main(server_args, tp_rank, inbox, outbox):
         parent = os.getppid()
         runner = make_worker(server_args, tp_rank)
         forward_ct = [0]
-        profiler = SchedulerProfilerManager(tp_rank, lambda: forward_ct[0])
+        profiler = SchedulerProfilerManager(tp_rank, lambda: forward_ct[0], dp_rank, dp_size)
         reqs = {}
         outbox.put(("done", tp_rank, None))
         while True:
@@ -1268,16 +1313,21 @@ def rank_main(server_args, tp_rank, inbox, outbox):
             elif kind == "free":
                 for rid in msg[1]:
                     reqs.pop(rid, None)
-            else:  # ("batch", mode, items)
-                _, mode, items = msg
+            else:  # ("batch", mode, (requests to prefill, running requests))
+                _, mode, (new_items, old_ids) = msg
                 forward_ct[0] += 1  # scheduler.py:4621
-                profiler.profile_batch_predicate(mode, len(items))  # scheduler.py:4639
+                profiler.profile_batch_predicate(mode, len(new_items) + len(old_ids))  # scheduler.py:4639
+                new = [Req(rid, input_len) for rid, input_len in new_items]
+                reqs.update((req.rid, req) for req in new)
+                old = [reqs[rid] for rid in old_ids]
                 if mode == "EXTEND":
-                    batch = [Req(rid, input_len) for rid, input_len in items]
-                    reqs.update((req.rid, req) for req in batch)
-                    runner.extend(batch)
+                    runner.extend(new)
+                elif mode == "MIXED":
+                    runner.mixed(new, old)
+                elif mode == "IDLE":
+                    runner.idle()
                 else:
-                    runner.decode([reqs[rid] for rid in items])
+                    runner.decode(old)
             outbox.put(("done", tp_rank, detail))
     except Exception:
         outbox.put(("error", tp_rank, traceback.format_exc()))
@@ -1292,58 +1342,101 @@ class Request:
         self.out = queue.Queue()
 
 
+class DPGroup:
+    """One data-parallel attention rank: its scheduler's waiting and running requests, and the TP
+    ranks that run its batches (all of them without DP attention)."""
+
+    def __init__(self, dp_rank, ranks):
+        self.dp_rank = dp_rank
+        self.ranks = ranks
+        self.waiting, self.running = [], []
+
+
 class Scheduler:
-    """The TP ranks in lockstep, driven by SGLang's scheduling loop (see the module's docstring)."""
+    """The TP ranks in lockstep, driven by SGLang's scheduling loop (see the module's docstring).
+
+    With DP attention (--attn-dp-size N, or the deprecated --enable-dp-attention with --dp-size N:
+    server_args.py:416-423) the TP ranks form N attention-DP ranks, each with its own scheduler and
+    batch; requests go to them round robin (load_balance_method auto = round_robin for a plain
+    server, serving_hook.py:217-235); a DP rank with nothing to run while another runs a batch runs
+    an IDLE forward (`step[IDLE bs=0]`), as the MLP sync makes it. Each rank's profiler sees its own
+    DP rank's batch (profiler_manager.py:431-434 compares SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS with
+    ScheduleBatch.batch_size(), the rank's share) and names its files -TP-{tp}-DP-{dp} (:344-351).
+    DP replicas (--dp-size without DP attention) are not modelled: the stand-in refuses them."""
 
     def __init__(self, server_args):
+        tp = server_args.tp_size
+        dp = server_args.attn_dp_size
+        if server_args.enable_dp_attention and server_args.dp_size > 1:
+            dp = server_args.dp_size
+        elif server_args.dp_size > 1:
+            raise NotImplementedError("the stand-in models DP attention (--attn-dp-size), not DP replicas "
+                                      "(--dp-size without it)")
+        if dp < 1 or tp % dp:
+            raise ValueError(f"tp_size {tp} must be divisible by the attention DP size {dp}")
         ctx = multiprocessing.get_context("spawn")
         self.outbox = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in range(server_args.tp_size)]
-        self.procs = [ctx.Process(target=rank_main, args=(server_args, r, q, self.outbox), daemon=True)
-                      for r, q in enumerate(self.inboxes)]
+        self.inboxes = [ctx.Queue() for _ in range(tp)]
+        per_group = tp // dp
+        self.procs = [ctx.Process(target=rank_main, args=(server_args, r, r // per_group, dp, q, self.outbox),
+                                  daemon=True) for r, q in enumerate(self.inboxes)]
         for p in self.procs:
             p.start()
-        self.collect()
+        self.collect(range(tp))
+        self.groups = [DPGroup(d, list(range(d * per_group, (d + 1) * per_group))) for d in range(dp)]
+        self.next_group = 0
         pool = server_args.max_total_tokens or 8192
         self.max_running = server_args.max_running_requests or pool
         self.max_prefill_tokens = server_args.max_prefill_tokens
+        self.mixed_chunk = server_args.enable_mixed_chunk
         self.arrivals = Arrivals.from_env()
-        self.waiting, self.running = [], []
         self.step = 0
         self.next_rid = 0
         self.commands = queue.Queue()
         threading.Thread(target=self.event_loop, daemon=True).start()
 
-    def collect(self):
-        details = [None] * len(self.inboxes)
-        for _ in self.inboxes:
+    def collect(self, ranks):
+        details = {}
+        for _ in ranks:
             kind, rank, detail = self.outbox.get()
             if kind == "error":
                 raise RuntimeError(f"TP{rank} failed:\\n{detail}")
             details[rank] = detail
-        return details
+        return [details[r] for r in sorted(details)]
+
+    def send(self, messages):
+        """{rank: message}: each to its rank; the ranks' answers in rank order."""
+        for rank, msg in messages.items():
+            self.inboxes[rank].put(msg)
+        return self.collect(list(messages))
 
     def broadcast(self, msg):
-        for q in self.inboxes:
-            q.put(msg)
-        return self.collect()
+        return self.send({r: msg for r in range(len(self.inboxes))})
 
     def event_loop(self):
         while True:
             self.ingest_requests()
-            batch = self.get_next_batch_to_run()
-            if batch is not None:
-                mode, reqs = batch
-                items = [(r.rid, r.input_len) if mode == "EXTEND" else r.rid for r in reqs]
+            batches = [self.get_next_batch_to_run(g) for g in self.groups]
+            if any(b is not None for b in batches):
+                if len(self.groups) > 1:  # prepare_mlp_sync_batch: the idle DP ranks run an IDLE forward
+                    batches = [b or ("IDLE", [], []) for b in batches]
+                messages = {}
+                for group, batch in zip(self.groups, batches):
+                    if batch is not None:
+                        mode, new, old = batch
+                        items = ([(r.rid, r.input_len) for r in new], [r.rid for r in old])
+                        messages.update((rank, ("batch", mode, items)) for rank in group.ranks)
                 try:
-                    self.broadcast(("batch", mode, items))
-                    self.process_batch_result(mode, reqs)
+                    self.send(messages)
+                    for group, batch in zip(self.groups, batches):
+                        if batch is not None:
+                            self.process_batch_result(group, *batch)
                 except Exception as e:
-                    self.fail(e, reqs)
+                    self.fail(e, [r for b in batches if b for r in b[1] + b[2]])
             self.step += 1
 
     def ingest_requests(self):
-        idle = not (self.waiting or self.running)
+        idle = not any(g.waiting or g.running for g in self.groups)
         while True:
             try:
                 command = self.commands.get(timeout=0.02) if idle else self.commands.get_nowait()
@@ -1357,46 +1450,55 @@ class Scheduler:
                     command[2].put(self.broadcast(command[1])[0])
                 except Exception as e:
                     command[2].put((False, str(e)))
-        self.waiting += self.arrivals.due(self.step)
+        for req in self.arrivals.due(self.step):  # the DP controller, round robin
+            self.groups[self.next_group].waiting.append(req)
+            self.next_group = (self.next_group + 1) % len(self.groups)
 
-    def get_next_batch_to_run(self):
-        if self.waiting and len(self.running) < self.max_running:
+    def get_next_batch_to_run(self, group):
+        """(mode, requests to prefill, running requests in the forward) of a DP rank, or None."""
+        if group.waiting and len(group.running) < self.max_running:
             reqs, tokens = [], 0
-            for req in self.waiting:
-                if len(self.running) + len(reqs) >= self.max_running:
+            for req in group.waiting:
+                if len(group.running) + len(reqs) >= self.max_running:
                     break
                 if reqs and tokens + req.input_len > self.max_prefill_tokens:
                     break
                 reqs.append(req)
                 tokens += req.input_len
-            self.waiting = self.waiting[len(reqs):]
-            return "EXTEND", reqs
-        if self.running:
-            return "DECODE", list(self.running)
+            group.waiting = group.waiting[len(reqs):]
+            if self.mixed_chunk and group.running:
+                # --enable-mixed-chunk: the prefill is mixed with the running batch's decode
+                # (schedule_batch.py mix_with_running): one MIXED forward
+                return "MIXED", reqs, list(group.running)
+            return "EXTEND", reqs, []
+        if group.running:
+            return "DECODE", [], list(group.running)
         return None
 
-    def process_batch_result(self, mode, reqs):
+    def process_batch_result(self, group, mode, new, old):
         finished = []
-        for req in reqs:
+        for req in new + old:
             req.done += 1
             req.out.put(req.done)
             if req.done >= req.max_new_tokens:
                 req.out.put(None)
                 finished.append(req)
-            elif mode == "EXTEND":
-                self.running.append(req)
+            elif req in new:
+                group.running.append(req)
         if finished:
             gone = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in gone]
-            self.broadcast(("free", [r.rid for r in finished]))
+            group.running = [r for r in group.running if id(r) not in gone]
+            self.send({rank: ("free", [r.rid for r in finished]) for rank in group.ranks})
 
     def fail(self, error, batch):
         """A rank failed: every request still open gets the error and ends."""
-        open_reqs = {id(r): r for r in batch + self.running + self.waiting if r.done < r.max_new_tokens}
+        everyone = batch + [r for g in self.groups for r in g.running + g.waiting]
+        open_reqs = {id(r): r for r in everyone if r.done < r.max_new_tokens}
         for req in open_reqs.values():
             req.out.put(error)
             req.out.put(None)
-        self.running, self.waiting = [], []
+        for group in self.groups:
+            group.running, group.waiting = [], []
 
     def submit(self, input_len, max_new_tokens):
         self.next_rid += 1

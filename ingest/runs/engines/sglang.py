@@ -42,7 +42,8 @@ from .base import Checkout, Engine, EngineIO
 from .sglang_server import (ENVIRON_FILE, LAUNCH_SERVER_FILE, RUN_NAME, SERVER_DRIVER_SCRIPT,  # noqa: F401
                             SERVER_TIMING_METHOD, build_driver_config, build_engine_flags,
                             build_profile_request, build_server_argv, build_server_env, check_server_workload,
-                            explain_missing_decode, read_no_decode_report, reads_decode_min_bs)
+                            explain_missing_decode, plan_dp_ranks, read_extra_arg, read_no_decode_report,
+                            reads_decode_min_bs)
 
 CURRENT_MODULE = "sglang.benchmark.one_batch"
 OLD_MODULE = "sglang.bench_one_batch"
@@ -418,17 +419,6 @@ def parse_json_line(output: str, what: str):
             except ValueError:
                 continue
     raise RunError(f"{what}: printed no JSON (output ends: {output.strip()[-200:]!r})")
-
-
-def read_extra_arg(extra_args: tuple[str, ...] | list[str], *flags: str) -> str | None:
-    """The value a flag (any of its spellings) is given in extra_args, `--flag V` or `--flag=V`;
-    the last one wins, as in argparse; None when absent."""
-    found = None
-    for i, arg in enumerate(extra_args):
-        name, eq, value = arg.partition("=")
-        if name in flags:
-            found = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else None)
-    return found
 
 
 def plan_model_dir_check(workload: Workload, server: bool) -> list[str]:
