@@ -1141,3 +1141,52 @@ def test_stand_in_counts_mixed_batches_as_prefill(fake, tmp_path, monkeypatch):
     bundle = run_sglang(spec, config, RecordingHost(), sha=made.current_sha, work_dir_local=tmp_path / "current")
     for trace in read_bundle(bundle).traces:
         assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=3]"]
+
+
+def _fake_module(checkout: Path, name: str):
+    """A module of the stand-in checkout, imported from its python/ (its own copy of sys.modules
+    entries is not kept: each call loads the file afresh)."""
+    import importlib.util
+
+    path = checkout / "python" / (name.replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(f"stand_in_{name.replace('.', '_')}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(checkout / "python"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(checkout / "python"))
+    return module
+
+
+def _release_prefill_modes(wheel: Path) -> tuple[str, ...]:
+    """ForwardMode.is_extend's modes in sglang 0.5.23 (forward_batch_info.py:227-235), without the
+    one it takes only when asked (include_draft_extend_v2): what is_prefill counts."""
+    import ast
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as whl:
+        source = whl.read("sglang/srt/model_executor/forward_batch_info.py").decode()
+    func = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "is_extend")
+    ret = next(n for n in ast.walk(func) if isinstance(n, ast.Return))
+    return tuple(v.comparators[0].attr for v in ret.value.values if isinstance(v, ast.Compare))
+
+
+def test_stand_in_prefill_counting_is_the_release(fake, sglang_wheel, tmp_path):
+    """The stand-in's by-stage profiler (SGLang cannot be installed here, FACTS.md section 4)
+    counts as prefill exactly the modes sglang 0.5.23's ForwardMode.is_prefill does (read from
+    the wheel), passes IDLE and PREBUILT, and raises on any other mode (profiler_manager.py:441-446)."""
+    made = fake[0]
+    manager = _fake_module(made.path, "sglang.srt.fake_profiler_manager")
+    release = _release_prefill_modes(sglang_wheel)
+    assert release == ("EXTEND", "MIXED", "TARGET_VERIFY", "SPLIT_PREFILL", "DLLM_EXTEND")
+    assert manager.PREFILL_MODES == release
+    profiler = manager.SchedulerProfilerManager(0, lambda: 0)
+    profiler.init_profile(str(tmp_path), None, 2, ["CUDA_PROFILER"], False, False, True, "id")
+    for mode in release:
+        profiler.profile_batch_predicate(mode, 1)
+    assert (profiler.profiler_prefill_ct, profiler.profiler_decode_ct) == (len(release), 0)
+    profiler.profile_batch_predicate("IDLE", 0)
+    profiler.profile_batch_predicate("PREBUILT", 1)
+    with pytest.raises(RuntimeError, match="^unsupported profile stage: DRAFT_EXTEND_V2$"):
+        profiler.profile_batch_predicate("DRAFT_EXTEND_V2", 1)
