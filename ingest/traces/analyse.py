@@ -480,8 +480,8 @@ def _find_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> t
 
     spans = _spans(trace, _SPAN_NAME, ("user_annotation",))
     if len(spans):
-        start, end, notes = _select_step_spans(trace, spans)
-        return "span", _place(kernels, start, end), end - start, notes
+        start, dur, notes = _select_step_spans(trace, spans)
+        return "span", _place(kernels, start, start + dur), dur, notes
 
     graph = _spans(trace, _GRAPH_LAUNCH, ("cuda_runtime", "cuda_driver"))
     if len(graph) and not kernels.from_cpu_ops:
@@ -496,7 +496,7 @@ def _find_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> t
 
 
 def _select_step_spans(trace: RawTrace, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(start, end, notes) of the decode steps among SGLang's `step[...]` spans (time-ordered).
+    """(start, duration, notes) of the decode steps among SGLang's `step[...]` spans (time-ordered).
 
     A plain decode step is one `step[DECODE ...]` forward. A speculative decoding iteration
     (sglang 0.5.23 speculative/eagle_worker_v2.py:1444-1510) has no DECODE forward: inside a
@@ -522,7 +522,7 @@ def _select_step_spans(trace: RawTrace, spans: np.ndarray) -> tuple[np.ndarray, 
     else:
         chosen = np.ones(len(spans), bool)
     anchors = spans[chosen]
-    start, end = trace.ts_us[anchors], trace.ts_us[anchors] + trace.dur_us[anchors]
+    start, dur = trace.ts_us[anchors], trace.dur_us[anchors].copy()
     stages = _spans(trace, _SPEC_STAGE, ("user_annotation",))
     widened = 0
     if len(stages):
@@ -537,9 +537,11 @@ def _select_step_spans(trace: RawTrace, spans: np.ndarray) -> tuple[np.ndarray, 
         before, after = np.maximum(pos - 1, 0), np.minimum(pos + 1, len(marks) - 1)
         has_draft = (pos > 0) & (kind[before] == 0)
         has_extend = (pos < len(marks) - 1) & (kind[after] == 1)
+        end = np.where(has_extend, trace.ts_us[marks[after]] + trace.dur_us[marks[after]], start + dur)
         start = np.where(has_draft, trace.ts_us[marks[before]], start)
-        end = np.where(has_extend, trace.ts_us[marks[after]] + trace.dur_us[marks[after]], end)
-        widened = int((has_draft | has_extend).sum())
+        widen = has_draft | has_extend
+        dur = np.where(widen, end - start, dur)  # (an unwidened span keeps its own duration, to the ns)
+        widened = int(widen.sum())
     others = int((~chosen).sum())
     if decode.any() and others:
         notes.append(f"SGLang step spans: {int(decode.sum())} decode steps; {others} other forward spans (prefill, "
@@ -550,7 +552,7 @@ def _select_step_spans(trace: RawTrace, spans: np.ndarray) -> tuple[np.ndarray, 
                      "emits 1 to speculative_num_draft_tokens tokens per request, so a step is not one token"
                      + (f"; {others} other forward spans (prefill, draft, ...) count as between steps"
                         if others - int(draft.sum()) > 0 else ""))
-    return start, end, notes
+    return start, dur, notes
 
 
 def _extent_per_step(step: np.ndarray, start: np.ndarray, end: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
