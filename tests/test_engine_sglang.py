@@ -1190,3 +1190,29 @@ def test_stand_in_prefill_counting_is_the_release(fake, sglang_wheel, tmp_path):
     profiler.profile_batch_predicate("PREBUILT", 1)
     with pytest.raises(RuntimeError, match="^unsupported profile stage: DRAFT_EXTEND_V2$"):
         profiler.profile_batch_predicate("DRAFT_EXTEND_V2", 1)
+
+
+def test_stand_in_step_span_names_are_the_release(fake, sglang_wheel):
+    """The stand-in's build_step_span_name (SGLang cannot be installed here, FACTS.md section 4)
+    names every forward as sglang 0.5.23's utils/profile_utils.py:462-505 does, whose lines are
+    checked in the wheel: DRAFT for any forward of a draft runner, VERIFY for TARGET_VERIFY, toks
+    for EXTEND only, the mode's name otherwise (DECODE, IDLE, MIXED, DRAFT_EXTEND_V2)."""
+    import zipfile
+
+    with zipfile.ZipFile(sglang_wheel) as whl:
+        release = whl.read("sglang/srt/utils/profile_utils.py").decode()
+    for line in ('stage = "DRAFT"', "elif mode == ForwardMode.TARGET_VERIFY:", 'stage = "VERIFY"', "stage = mode.name",
+                 'base = f"step[{stage} bs={bs} toks={ext_toks}"', 'base = f"step[{stage} bs={bs}"'):
+        assert line in release, line
+    name = _fake_module(fake[0].path, "sglang.srt.fake_step_span").build_step_span_name
+
+    class Batch:
+        def __init__(self, mode, bs, toks=None):
+            self.forward_mode, self.batch_size, self.extend_num_tokens = mode, bs, toks
+
+    assert name(Batch("EXTEND", 2, 32)) == "step[EXTEND bs=2 toks=32]"
+    assert name(Batch("DECODE", 2)) == "step[DECODE bs=2]"
+    assert name(Batch("TARGET_VERIFY", 2)) == "step[VERIFY bs=2]"
+    assert name(Batch("MIXED", 3)) == "step[MIXED bs=3]" and name(Batch("IDLE", 0)) == "step[IDLE bs=0]"
+    assert name(Batch("DECODE", 2), True) == name(Batch("DRAFT_EXTEND_V2", 2), True) == "step[DRAFT bs=2]"
+    assert name(Batch("EXTEND", 2, 32), True) == "step[DRAFT bs=2 toks=32]"
