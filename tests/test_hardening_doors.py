@@ -186,7 +186,9 @@ def foreign_checkout(tmp_path) -> tuple[Path, Path]:
     kernels_repo(checkout, "someone else's code")
     mark = tmp_path / "ran-foreign-code"
     bench = checkout / "kernels" / "bench.py"
-    bench.write_text(f"open({str(mark)!r}, 'w').write('ran')\n" + bench.read_text())
+    future = "from __future__ import annotations\n"  # the mark goes right after it: Python wants it first
+    assert future in bench.read_text()
+    bench.write_text(bench.read_text().replace(future, f"{future}open({str(mark)!r}, 'w').write('ran')\n", 1))
     git(checkout, "commit", "-q", "-am", "leave a mark")
     return checkout, mark
 
