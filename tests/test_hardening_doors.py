@@ -223,15 +223,16 @@ def test_the_page_says_which_repo_it_refused(writable_db, open_page, foreign_che
 
 def test_the_worker_refuses_job_rows_naming_code_the_config_does_not(tmp_path, foreign_checkout):
     """Job rows written by hand (or by an older stepwatch): a checkout path as repo_path, a range
-    job in that checkout, a repo name the config lacks. The worker fails each with one line and
-    the foreign checkout's code never runs."""
+    job in that checkout, a repo name the config lacks, an import of a file outside any import
+    root. The worker fails each with one line and the foreign checkout's code never runs."""
     checkout, mark = foreign_checkout
     db = tmp_path / "s.duckdb"
     run = {"engine": "reference", "device": "cpu", "workload": {"preset": "tiny", "profile_steps": 1}}
     sha = git(checkout, "rev-parse", "HEAD")  # a commit, not HEAD: what the worker would check out and run
     rows = [{**run, "repo": "foreign", "repo_path": str(checkout), "ref": sha},
             {"expand": {"commits": "HEAD~1..HEAD", "repo": str(checkout), "runs": [run]}},
-            {**run, "repo": "nosuchrepo"}]
+            {**run, "repo": "nosuchrepo"},
+            {"engine": "import", "path": "/etc/passwd"}]  # outside any [imports] root (there is none)
     with open_db(db) as store:
         ids = [store.enqueue_job(json.dumps(row), f"by hand {i}") for i, row in enumerate(rows)]
     worker = run_cli("ingest", "worker", "--db", str(db), "--exit-when-idle")
@@ -239,12 +240,14 @@ def test_the_worker_refuses_job_rows_naming_code_the_config_does_not(tmp_path, f
     with open_db(db, read_only=True) as store:
         jobs = {j["job_id"]: j for j in store.list_jobs()}
         runs = store.count_rows()["runs"]
-    assert [(jobs[i]["status"], jobs[i]["error_kind"]) for i in ids] == [("failed", "bad-spec")] * 3
+    assert [(jobs[i]["status"], jobs[i]["error_kind"]) for i in ids] == [("failed", "bad-spec")] * 4
     assert jobs[ids[0]]["error"] == (
         f"spec.repo_path: {checkout} is not a checkout the config names in [repos] (no config file): stepwatch runs "
         "code only from the repositories the config names, or its own checkout")
     assert jobs[ids[1]]["error"].startswith(f"spec.expand.repo: '{checkout}' is not in the config's [repos]")
     assert jobs[ids[2]]["error"].startswith("spec.repo: 'nosuchrepo' is not in the config's [repos]")
+    assert jobs[ids[3]]["error"] == ("spec.path: /etc/passwd is not under a directory the config allows the import "
+                                     "engine to read ([imports] roots in no config file: none set)")
     assert runs == 0 and not mark.exists()
 
 
