@@ -1,0 +1,292 @@
+"""Hostile and careless input, second corpus (issue 29, classes 3, 5, 6, 7, 8): each case is built
+here (nothing kept in git but the real traces it starts from) and must end as the house rule
+says: one line naming the file or field and what is wrong, exit 2, the database as it was; or,
+for an import that runs long within every limit, a stop (cancel, SIGTERM, timeout_s) that ends
+it within seconds and leaves no process, file or row behind.
+
+Every wait is for an event (a job's state, a process's exit) with a generous bound (a loaded
+two-core machine passes): these tests detect hangs, they time nothing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from db.store import open_db
+from tests.helpers import DATA, ROOT, run_cli, wait_for
+
+SMALL = DATA / "bundles" / "tiny-fused-eager-nostack" / "trace.json.gz"
+KEY = b'"traceEvents":'
+STOP_WAIT_S = 30  # a stop must end the import within this (a hang detector, not a benchmark)
+
+
+def _raw() -> bytes:
+    return json.dumps(json.loads(gzip.decompress(SMALL.read_bytes()))).encode()
+
+
+def _gzip_of(parts, path: Path) -> Path:
+    """A .json.gz of the parts (bytes, or (bytes, times) for a run of one block), streamed."""
+    with open(path, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6) as g:
+        for part in parts:
+            block, times = part if isinstance(part, tuple) else (part, 1)
+            for _ in range(times):
+                g.write(block)
+    return path
+
+
+def _import(path: Path, db: Path, *flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """`python -m ingest import` as a user runs it; a hang is a failure (TimeoutExpired)."""
+    return subprocess.run([sys.executable, "-m", "ingest", "import", str(path), "--db", str(db), *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def _runs(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with open_db(db, read_only=True, wait_s=60) as store:
+        return store.count_rows()["runs"]
+
+
+def _one_line_refusal(result, *words: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+# -- class 3: whitespace around "traceEvents": [ is skipped in linear time, and bounded ----------
+
+SPACES_1MB = b" " * (1 << 20)
+
+
+@pytest.mark.parametrize("where", ["after the key", "after the bracket", "before the object"])
+def test_a_gzip_of_4_gb_of_whitespace_is_refused_at_the_padding_limit(tmp_path, where):
+    """4 GB of spaces (a 4 MB gzip): on b4995d3 the reader re-joined its buffer at every read
+    (quadratic: 16 MB took 28 s) and never finished; now refused past 16 MB of whitespace with the
+    byte offset, exit 2, nothing written."""
+    raw = _raw()
+    at = raw.index(KEY) + len(KEY) + (2 if where == "after the bracket" else 0)  # json.dumps: `: [`
+    if where == "before the object":
+        parts = [(SPACES_1MB, 4096), raw]
+    else:
+        parts = [raw[:at], (SPACES_1MB, 4096), raw[at:]]
+    bomb = _gzip_of(parts, tmp_path / "bomb.json.gz")
+    assert bomb.stat().st_size < 8 << 20
+    db = tmp_path / "x.duckdb"
+    result = _import(bomb, db)
+    line = _one_line_refusal(result, str(bomb), "bytes of whitespace before its first event", "at byte")
+    offset = int(line.split("at byte ")[1].split()[0].replace(",", ""))
+    assert 16 << 20 < offset < 17 << 20  # refused as soon as the limit is passed
+    assert _runs(db) == 0
+
+
+def test_whitespace_under_the_limit_is_read_as_if_it_were_not_there(tmp_path):
+    """12 MB of spaces after the key and 2 MB after '[' (under the 16 MB limit): the same run as
+    the file without them (a check of the skip's bookkeeping, not of its speed)."""
+    raw = _raw()
+    at = raw.index(KEY) + len(KEY)
+    padded = tmp_path / "padded.json"
+    padded.write_bytes(raw[:at] + b" \n" * (6 << 20) + b"[" + b"\t" * (2 << 20) + raw[at + 2:])
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(raw)
+    figures = []
+    for path in (plain, padded):
+        db = tmp_path / f"{path.stem}.duckdb"
+        result = _import(path, db)
+        assert result.returncode == 0, result.stderr
+        with open_db(db, read_only=True) as store:
+            figures.append(store.con.execute("SELECT steps, step_ms_median, kernel_us_total FROM runs").fetchall())
+    assert figures[0] == figures[1] and figures[0][0][0] > 0
+
+
+# -- class 3: an import job in the worker stops on cancel, SIGTERM and timeout_s ------------------
+
+def _long_trace(path: Path, gb: int = 6) -> Path:
+    """A trace that takes long to read within every limit: the small trace's events, then `gb`
+    GB of 256 KB gaps of whitespace between padding events whose args carry 1.5 KB of random text
+    (so the file inflates ~150x, under the 200x gzip-bomb limit), as concatenated gzip members
+    (one member, written many times: gzip readers read them as one stream). ~15 s of reading on an
+    idle machine, far more than a stop takes."""
+    raw = _raw()
+    at = raw.index(KEY) + len(KEY) + 2
+    rnd = random.Random(29)
+    junk = "".join(rnd.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/") for _ in range(1500))
+    pad = json.dumps({"ph": "i", "cat": "pad", "name": "pad", "args": {"junk": junk}}).encode()
+    member = gzip.compress((pad + b"," + b" " * (256 << 10)) * 4, 6)
+    per_member = 4 * (len(pad) + 1 + (256 << 10))
+    with open(path, "wb") as f:
+        f.write(gzip.compress(raw[:at]))
+        for _ in range((gb << 30) // per_member):
+            f.write(member)
+        f.write(gzip.compress(raw[at:]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory):
+    return _long_trace(tmp_path_factory.mktemp("long") / "long.json.gz")
+
+
+class Worker:
+    """A real `python -m ingest worker` on a real DuckDB file; its output collected."""
+
+    def __init__(self, db: Path, *flags: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "ingest", "worker", "--db", str(db), "--poll-s", "0.2",
+                                      *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
+
+    def import_process(self) -> int | None:
+        """The pid of the worker's import child (a process group leader), once it runs."""
+        for pid in _children(self.proc.pid):
+            if os.getpgid(pid) == pid:
+                return pid
+        return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=60)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    """Processes of process group `pgid` that are alive (not zombies)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def _queue_import(db: Path, path: Path, *flags: str) -> int:
+    result = run_cli("ingest", "run", "--engine", "import", "--path", str(path), "--db", str(db), "--queue", *flags)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.split()[-1])
+
+
+def _job(db: Path, job_id: int) -> dict:
+    with open_db(db, read_only=True, wait_s=60) as store:
+        return store.get_job(job_id)
+
+
+def _job_runs(db: Path, job_id: int) -> int:
+    with open_db(db, read_only=True, wait_s=60) as store:
+        return store.con.execute("SELECT count(*) FROM runs WHERE job_id = ?", [job_id]).fetchone()[0]
+
+
+def _running_import(db: Path, worker: Worker, job_id: int) -> int:
+    """Wait until job `job_id` runs and its import process (and its reader) has started."""
+    wait_for(lambda: _job(db, job_id)["status"] == "running", f"job {job_id} running", 300)
+    return wait_for(worker.import_process, "the import's process", 300)
+
+
+def _assert_left_nothing(db: Path, group: int) -> None:
+    wait_for(lambda: not _alive_in_group(group), f"the import's processes (group {group}) gone", STOP_WAIT_S)
+    assert not list(Path("/dev/shm").glob(f"pym-{group}-*"))
+    bundles = Path(f"{db}.bundles")
+    assert not bundles.exists() or not [p for p in bundles.rglob("*") if "work" in p.name], list(bundles.rglob("*"))
+
+
+def test_a_whitespace_bomb_job_fails_in_seconds_and_the_queue_goes_on(tmp_path):
+    """On b4995d3 the job read the 4 GB of spaces for ever and the queue behind it stopped."""
+    raw = _raw()
+    at = raw.index(KEY) + len(KEY)
+    bomb = _gzip_of([raw[:at], (SPACES_1MB, 4096), raw[at:]], tmp_path / "bomb.json.gz")
+    db = tmp_path / "q.duckdb"
+    bad, good = _queue_import(db, bomb), _queue_import(db, SMALL)
+    worker = Worker(db, "--exit-when-idle")
+    try:
+        assert worker.proc.wait(timeout=300) == 0
+    finally:
+        worker.stop()
+    job = _job(db, bad)
+    assert (job["status"], job["error_kind"]) == ("failed", "bad-result"), job
+    assert "bytes of whitespace before its first event" in job["error"]
+    assert _job(db, good)["status"] == "succeeded" and _job_runs(db, bad) == 0 and _job_runs(db, good) == 1
+
+
+def test_cancel_stops_a_long_import_job_within_seconds_and_the_next_job_runs(tmp_path, long_trace):
+    db = tmp_path / "q.duckdb"
+    long_job, next_job = _queue_import(db, long_trace), _queue_import(db, SMALL)
+    worker = Worker(db, "--exit-when-idle")
+    try:
+        group = _running_import(db, worker, long_job)
+        asked = time.monotonic()
+        assert run_cli("ingest", "cancel", str(long_job), "--db", str(db)).returncode == 0
+        wait_for(lambda: _job(db, long_job)["status"] == "cancelled", "the cancelled job", STOP_WAIT_S)
+        assert time.monotonic() - asked < STOP_WAIT_S
+        _assert_left_nothing(db, group)
+        assert worker.proc.wait(timeout=300) == 0
+    finally:
+        worker.stop()
+    assert _job_runs(db, long_job) == 0
+    assert _job(db, next_job)["status"] == "succeeded" and _job_runs(db, next_job) == 1
+
+
+def test_timeout_s_fails_a_long_import_job_and_the_next_job_runs(tmp_path, long_trace):
+    db = tmp_path / "q.duckdb"
+    long_job, next_job = _queue_import(db, long_trace, "--timeout-s", "4"), _queue_import(db, SMALL)
+    worker = Worker(db, "--exit-when-idle")
+    try:
+        group = _running_import(db, worker, long_job)
+        wait_for(lambda: _job(db, long_job)["status"] == "failed", "the timed-out job", STOP_WAIT_S)
+        _assert_left_nothing(db, group)
+        assert worker.proc.wait(timeout=300) == 0
+    finally:
+        worker.stop()
+    job = _job(db, long_job)
+    assert job["error_kind"] == "timeout" and "timeout_s of 4 s" in job["error"], job
+    assert _job_runs(db, long_job) == 0
+    assert _job(db, next_job)["status"] == "succeeded" and _job_runs(db, next_job) == 1
+
+
+def test_sigterm_stops_a_long_import_job_requeues_it_and_the_worker_exits(tmp_path, long_trace):
+    db = tmp_path / "q.duckdb"
+    long_job, next_job = _queue_import(db, long_trace), _queue_import(db, SMALL)
+    worker = Worker(db)
+    try:
+        group = _running_import(db, worker, long_job)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(timeout=STOP_WAIT_S) == 0
+        _assert_left_nothing(db, group)
+    finally:
+        worker.stop()
+    job = _job(db, long_job)
+    assert job["status"] == "queued" and job["attempts"] == 0, job  # the stopped attempt does not count
+    assert _job_runs(db, long_job) == 0
+    # the queue goes on: the long job cancelled while queued, a new worker runs the next one
+    assert run_cli("ingest", "cancel", str(long_job), "--db", str(db)).returncode == 0
+    again = Worker(db, "--exit-when-idle")
+    try:
+        assert again.proc.wait(timeout=300) == 0
+    finally:
+        again.stop()
+    assert _job(db, long_job)["status"] == "cancelled"
+    assert _job(db, next_job)["status"] == "succeeded" and _job_runs(db, next_job) == 1
