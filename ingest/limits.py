@@ -36,3 +36,12 @@ MAX_ATTEMPTS = 2  # a job's attempts when its worker dies: one retry (ingest/run
 # An import draws a progress bar on a terminal only once it has run this long (short ones stay
 # silent); STEPWATCH_PROGRESS_AFTER_S overrides it (ingest/traces/progress.py)
 PROGRESS_AFTER_S = 2.0
+
+# -- files a user hands in: --rules, --patterns, --config and run spec files (ingest/user_files.py)
+# Only regular files are read (a FIFO would block, /dev/zero never ends: on b4995d3 it grew to
+# 3.4-3.7 GB before MemoryError), at most this many bytes: the built-in catalogs are 3-5 KB
+# (categories.toml, patterns.toml), a config of 50 hosts ~10 KB, so 1 MB is 200x the largest seen
+USER_FILE_MAX_BYTES = 1 << 20
+# how deep tables and arrays may nest in such a file: a spec's deepest field is 3 levels
+# (workload.<key>.<list>); a 600-deep TOML made tomllib raise RecursionError (a traceback)
+USER_FILE_MAX_DEPTH = 32

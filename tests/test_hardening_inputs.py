@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -290,3 +291,133 @@ def test_sigterm_stops_a_long_import_job_requeues_it_and_the_worker_exits(tmp_pa
         again.stop()
     assert _job(db, long_job)["status"] == "cancelled"
     assert _job(db, next_job)["status"] == "succeeded" and _job_runs(db, next_job) == 1
+
+
+# -- class 5: files a user hands in are regular files, size and depth limited; regexes are safe -----
+
+def _fifo(tmp_path: Path) -> Path:
+    fifo = tmp_path / "settings.toml"
+    os.mkfifo(fifo)
+    return fifo
+
+
+DOORS = {  # door -> the command line that hands it FILE (a trace to import: the small real one)
+    "--rules": ["import", str(SMALL), "--rules", "FILE"],
+    "--patterns": ["import", str(SMALL), "--patterns", "FILE"],
+    "--config": ["run", "--engine", "import", "--path", str(SMALL), "--queue", "--config", "FILE"],
+    "spec file": ["run", "FILE", "--engine", "import", "--path", str(SMALL), "--queue"],
+}
+
+
+def _hand_in(door: str, file: Path, db: Path) -> subprocess.CompletedProcess:
+    args = [str(file) if a == "FILE" else a for a in DOORS[door]]
+    return subprocess.run([sys.executable, "-m", "ingest", *args, "--db", str(db)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _deep_toml(tmp_path: Path) -> Path:
+    path = tmp_path / "deep.toml"
+    path.write_text("a = " + "[" * 600 + "]" * 600 + "\n")
+    return path
+
+
+def _deep_json(tmp_path: Path) -> Path:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    return path
+
+
+def _big(tmp_path: Path) -> Path:
+    path = tmp_path / "big.toml"
+    path.write_text("# " + "x" * (2 << 20) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.parametrize("make, words", [
+    (lambda tmp: Path("/dev/zero"), ["/dev/zero", "is a character device, not a regular file"]),
+    (_fifo, ["is a FIFO, not a regular file"]),
+    (lambda tmp: tmp, ["is a directory, not a regular file"]),
+    (_big, ["is larger than 1,048,576 bytes"]),
+    (_deep_toml, ["nests deeper than 32 levels"]),
+    (_deep_json, ["nests deeper than 32 levels"]),
+], ids=["dev-zero", "fifo", "directory", "2-MB", "600-deep-toml", "100000-deep-json"])
+def test_a_settings_file_that_is_not_one_is_refused_in_one_line(tmp_path, door, make, words):
+    """On b4995d3: /dev/zero grew to 3.4-3.7 GB before MemoryError, a FIFO blocked for ever, a
+    600-deep TOML raised RecursionError (a traceback)."""
+    if make is _deep_json and door in ("--rules", "--patterns"):
+        words = ["not valid TOML"]  # rules and patterns are TOML, whatever the file's name
+    file = make(tmp_path)
+    db = tmp_path / "x.duckdb"
+    result = _hand_in(door, file, db)
+    _one_line_refusal(result, str(file), *words)
+    assert _runs(db) == 0
+
+
+def test_a_rule_whose_activity_nests_a_list_is_refused_in_one_line(tmp_path):
+    """`rules_activity_nested`: a TypeError traceback on b4995d3."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\ncategory = "x"\nactivity = [["kernel"]]\n')
+    _one_line_refusal(_hand_in("--rules", rules, tmp_path / "x.duckdb"), str(rules), "rule 1 field 'activity'")
+
+
+@pytest.mark.parametrize("door, body", [
+    ("--rules", '[[rule]]\ncategory = "x"\nname = \'a{4294967296}\'\n'),
+    ("--patterns", '[[pattern]]\nid = "big"\nsubject = "kernel"\nname = \'a{1001}\'\nsentence = "x"\n'),
+    ("--patterns", '[[pattern]]\nid = "backref"\nsubject = "kernel"\nname = \'(a)\\1\'\nsentence = "x"\n'),
+])
+def test_a_regex_no_engine_can_build_is_refused_in_one_line(tmp_path, door, body):
+    """`a{4294967296}` made `re` raise OverflowError (a traceback) on b4995d3."""
+    file = tmp_path / "user.toml"
+    file.write_text(body)
+    db = tmp_path / "x.duckdb"
+    _one_line_refusal(_hand_in(door, file, db), str(file), "field 'name' is not a valid regex")
+    assert _runs(db) == 0
+
+
+def test_a_pattern_regex_that_would_backtrack_for_ever_matches_in_linear_time(tmp_path):
+    """'(a+)+$' against a kernel named 60 a's and '!': `re` backtracks 2**60 steps (b4995d3 hung);
+    RE2 (google-re2) answers at once. The import ends, the pattern did not fire on that kernel but
+    fires on one it matches (the same regex, in a second pattern, against a name that ends in a)."""
+    body = json.loads(gzip.decompress(SMALL.read_bytes()))
+    kernels = [e for e in body["traceEvents"] if e.get("cat") == "kernel"]
+    name = kernels[0]["name"]
+    for e in kernels:
+        if e["name"] == name:
+            e["name"] = "a" * 60 + "!"
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(body))
+    patterns = tmp_path / "patterns.toml"
+    patterns.write_text('[[pattern]]\nid = "evil"\nsubject = "kernel"\nname = \'^(a+)+$\'\n'
+                        'sentence = "{kernel} matched"\n\n'
+                        '[[pattern]]\nid = "bang"\nsubject = "kernel"\nname = \'^(a+)+!$\'\n'
+                        'sentence = "{kernel} matched"\n')
+    db = tmp_path / "x.duckdb"
+    result = _import(trace, db, "--patterns", str(patterns), timeout_s=300)
+    assert result.returncode == 0, result.stderr
+    with open_db(db, read_only=True) as store:
+        found = store.con.execute("SELECT patterns FROM runs").fetchone()[0]
+    ids = {f["pattern"] for f in json.loads(found)["findings"]}
+    assert "bang" in ids and "evil" not in ids, found
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda tmp: Path("/dev/zero"), ["/dev/zero", "is a character device, not a trace file or a directory"]),
+    (_fifo, ["is a FIFO, not a trace file or a directory"]),
+])
+def test_a_path_that_is_a_device_or_a_fifo_is_refused_in_one_line(tmp_path, make, words):
+    """NotADirectoryError (a traceback) on b4995d3."""
+    path = make(tmp_path)
+    db = tmp_path / "x.duckdb"
+    _one_line_refusal(_import(path, db), str(path), *words)
+    assert _runs(db) == 0
+
+
+def test_gzip_magic_then_an_invalid_deflate_block_is_refused_in_one_line(tmp_path):
+    """`gzip_magic_garbage` (a valid gzip header, then garbage): isal's IsalError was a traceback."""
+    good = gzip.compress(_raw())
+    bad = tmp_path / "garbage.json.gz"
+    bad.write_bytes(good[:10] + random.Random(5).randbytes(4096))
+    db = tmp_path / "x.duckdb"
+    _one_line_refusal(_import(bad, db), str(bad), "compressed data is truncated or corrupt")
+    assert _runs(db) == 0
