@@ -265,6 +265,9 @@ def _store_import(db: str, record, tables, facts) -> tuple[int, bool, int]:
         if facts is not None:
             store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
         commits = count_series_commits(store, run_id) if created and record.commit else 0
+    if store.checkpoint_error:  # committed: stored in the WAL, which the next open replays (db/store.py)
+        print(f"stepwatch: note: run {run_id} is stored, in the database's write-ahead log ({db}.wal): "
+              f"{store.checkpoint_error}", file=sys.stderr)
     return run_id, created, commits
 
 

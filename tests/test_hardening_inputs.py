@@ -421,3 +421,140 @@ def test_gzip_magic_then_an_invalid_deflate_block_is_refused_in_one_line(tmp_pat
     db = tmp_path / "x.duckdb"
     _one_line_refusal(_import(bad, db), str(bad), "compressed data is truncated or corrupt")
     assert _runs(db) == 0
+
+
+# -- class 6: a damaged database is one line naming the file; a full disk is said as it is -------
+
+@pytest.fixture(scope="module")
+def good_db(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("good") / "good.duckdb"
+    assert _import(SMALL, db).returncode == 0
+    return db
+
+
+def _damaged(kind: str, good: Path, tmp: Path) -> Path:
+    db = tmp / f"{kind}.duckdb"
+    data = good.read_bytes()
+    if kind == "truncated":
+        db.write_bytes(data[: len(data) // 2])
+    elif kind == "header-garbage":
+        db.write_bytes(random.Random(6).randbytes(4096) + data[4096:])
+    elif kind == "empty":
+        db.write_bytes(b"")
+    elif kind == "text":
+        db.write_text("not a database\n" * 100)
+    elif kind == "directory":
+        db.mkdir()
+    return db
+
+
+def _state(db: Path):
+    return db.read_bytes() if db.is_file() else ("dir", sorted(p.name for p in db.iterdir()))
+
+
+@pytest.mark.parametrize("kind", ["truncated", "header-garbage", "empty", "text", "directory"])
+@pytest.mark.parametrize("command", ["import", "jobs"])
+def test_a_damaged_database_is_one_line_naming_it_and_is_left_as_it_was(tmp_path, good_db, kind, command):
+    """A truncated file raised DuckDB's IOException as a traceback on b4995d3 (the others were
+    one line already; kept so they stay so, in every command that opens the file)."""
+    db = _damaged(kind, good_db, tmp_path)
+    before = _state(db)
+    args = {"import": ["import", str(SMALL)], "jobs": ["jobs"]}[command]
+    result = subprocess.run([sys.executable, "-m", "ingest", *args, "--db", str(db)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    _one_line_refusal(result, str(db), "database")
+    assert _state(db) == before
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 4 MB filesystem (tmpfs; CI runs as root). Skipped only when it cannot be mounted."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small tmpfs cannot be mounted here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(disk: Path, leave_kb: int) -> None:
+    free_kb = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize // 1024
+    with open(disk / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free_kb - leave_kb) * 1024)
+
+
+def test_a_full_disk_before_the_database_exists_leaves_no_file_behind(small_disk):
+    """b4995d3 left a 0-byte file, which every later open then called 'not a valid DuckDB file'."""
+    _fill(small_disk, 0)
+    db = small_disk / "x.duckdb"
+    _one_line_refusal(_import(SMALL, db), str(db), "No space left on device")
+    assert not db.exists() and not Path(f"{db}.wal").exists()
+
+
+def test_a_disk_that_fills_at_the_checkpoint_says_the_run_is_stored_and_it_is(small_disk):
+    """The run's commit reached the WAL, the checkpoint on close did not fit: b4995d3 said
+    'IOException' (a traceback, exit 1) although the run was stored; now exit 0, a note, the run there."""
+    _fill(small_disk, 80)
+    db = small_disk / "x.duckdb"
+    result = _import(SMALL, db)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "is stored, in the database's write-ahead log" in result.stderr and "disk is full" in result.stderr
+    (small_disk / "filler").unlink()
+    assert _runs(db) == 1
+
+
+def test_a_read_only_filesystem_is_one_line(small_disk):
+    db = small_disk / "x.duckdb"
+    assert _import(SMALL, db).returncode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    before = db.read_bytes()
+    _one_line_refusal(_import(SMALL, db, "--repo", "other"), str(db), "Read-only file system")
+    assert db.read_bytes() == before and _runs(db) == 1
+
+
+# -- class 7: damaged correlation ids are noticed, and kernels linked by External id instead -------
+
+LINKED = DATA / "h200" / "fp32-logits" / "stepwatch-fp32-logits.trace.json.gz"  # eager, real H200 capture
+
+
+def _with_correlations(source: Path, damage: str, path: Path) -> Path:
+    body = json.loads(gzip.decompress(source.read_bytes()))
+    events = body["traceEvents"]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if damage == "all equal":
+        for e in events:
+            if "correlation" in e.get("args", {}):
+                e["args"]["correlation"] = 1
+    else:  # rotated: each kernel takes the next kernel's id (the last the first's)
+        ids = [e["args"]["correlation"] for e in kernels]
+        for e, new in zip(kernels, ids[1:] + ids[:1]):
+            e["args"]["correlation"] = new
+    path.write_bytes(gzip.compress(json.dumps(body).encode()))
+    return path
+
+
+def _run_row(db: Path):
+    with open_db(db, read_only=True) as store:
+        return store.con.execute("SELECT step_ms_median, steps, notes FROM runs").fetchone()
+
+
+@pytest.mark.parametrize("source", [SMALL, LINKED], ids=["tiny-fused-eager", "h200-fp32-logits"])
+@pytest.mark.parametrize("damage", ["all equal", "rotated"])
+def test_damaged_correlation_ids_give_the_undamaged_steps_and_say_so(tmp_path, source, damage):
+    """b4995d3 linked the kernels to other launches, so other steps (step ms 2.110 / 2.055 for
+    2.001), and said nothing; now the links are made by External id, the step figure is the
+    undamaged trace's and the run's notes say the ids were damaged."""
+    plain_db, damaged_db = tmp_path / "plain.duckdb", tmp_path / "damaged.duckdb"
+    assert _import(source, plain_db).returncode == 0
+    damaged = _with_correlations(source, damage, tmp_path / "damaged.json.gz")
+    result = _import(damaged, damaged_db)
+    assert result.returncode == 0, result.stderr
+    plain, hurt = _run_row(plain_db), _run_row(damaged_db)
+    assert hurt[1] == plain[1] and hurt[0] == pytest.approx(plain[0], rel=1e-9), (plain, hurt)
+    assert "correlation ids are damaged" in str(hurt[2]) and "by External id" in str(hurt[2]), hurt[2]
+    assert "correlation ids are damaged" not in str(plain[2])

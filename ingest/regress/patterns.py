@@ -159,7 +159,7 @@ def _read_pattern(origin: str, index: int, body, seen: dict[str, int]) -> Patter
                 regexes[key] = re2.compile(body[key], _RE2_OPTIONS)
             except re2.error as e:
                 problem = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else e
-                raise PatternError(f"{where} field '{key}' is not a valid regex (RE2 syntax: {problem})") from None
+                raise PatternError(f"{where} field '{key}' is not a valid regex ({problem}; RE2 syntax)") from None
     limits = {}
     for key, (_, top) in _LIMITS[subject].items():
         if key in body:
