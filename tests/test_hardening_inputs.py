@@ -558,3 +558,21 @@ def test_damaged_correlation_ids_give_the_undamaged_steps_and_say_so(tmp_path, s
     assert hurt[1] == plain[1] and hurt[0] == pytest.approx(plain[0], rel=1e-9), (plain, hurt)
     assert "correlation ids are damaged" in str(hurt[2]) and "by External id" in str(hurt[2]), hurt[2]
     assert "correlation ids are damaged" not in str(plain[2])
+
+
+# -- class 8: a bundle that lists one trace many times is refused before any is decoded ----------
+
+def test_a_bundle_of_300_copies_of_one_trace_is_refused_at_the_second_copy(tmp_path):
+    """b4995d3 decoded all 300 (21 s under load) before saying that several claim rank 0; now the
+    second copy is named as the first's twin as the traces are hashed, before the reading."""
+    source = DATA / "bundles" / "tiny-fused-eager-nostack"
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest["traces"] = [f"rank{i}.trace.json.gz" for i in range(300)]
+    for name in manifest["traces"]:
+        shutil.copy(source / "trace.json.gz", bundle / name)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    db = tmp_path / "x.duckdb"
+    _one_line_refusal(_import(bundle, db), str(bundle / "rank1.trace.json.gz"), "same bytes as rank0.trace.json.gz")
+    assert _runs(db) == 0

@@ -111,17 +111,28 @@ def _regular(path: Path) -> Path:
     return path
 
 
-def hash_traces(files: list[Path]) -> str:
-    """Content hash of the traces' bytes (file order fixed by rank), the run's identity."""
+def hash_traces(files: list[Path], distinct: int = 0) -> str:
+    """Content hash of the traces' bytes (file order fixed by rank), the run's identity. The first
+    `distinct` files must differ from each other (a run's own traces: one a rank): two with the
+    same bytes are refused here, as soon as the second is hashed, before any is decoded (a bundle
+    listing one trace 300 times was read 300 times before its ranks were found to clash)."""
     h = hashlib.blake2b(digest_size=20)
-    for f in files:
+    seen: dict[bytes, Path] = {}
+    for index, f in enumerate(files):
+        own = hashlib.blake2b(digest_size=20)
         try:
             with open(f, "rb") as fh:
                 while chunk := fh.read(1 << 20):
                     h.update(chunk)
+                    own.update(chunk)
         except OSError as e:
             raise TraceError(f, f"cannot read ({e.strerror})") from None
         h.update(b"\0file\0")
+        if index < distinct:
+            twin = seen.setdefault(own.digest(), f)
+            if twin != f:
+                raise TraceError(f, f"has the same bytes as {twin.name}: one trace given twice (a run holds one "
+                                    "trace a rank)")
     return h.hexdigest()
 
 
@@ -372,7 +383,7 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
     files, manifest, file_notes = find_traces(path)
     mappings = find_mapping(opts.mapping, manifest, path, files)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
-    content_hash = hash_traces(files + mappings)  # attributed or not: two runs
+    content_hash = hash_traces(files + mappings, distinct=len(files))  # attributed or not: two runs
     try:
         if watch is None:
             figures = analyse_files(files, rules, steps, opts.limits, mappings=mappings)
