@@ -178,9 +178,11 @@ def open_db(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, wait_
         hold = DbLock(path, write=not read_only, deadline=deadline)
     except LockTimeout:
         raise StoreError(f"{path}: database busy: another process held it for {wait_s:g} s") from None
+    created = not read_only and path != ":memory:" and not os.path.lexists(path)  # (under the write lock)
     try:
         cursor, key = attach(path, read_only, deadline)
     except AttachError as e:
+        _remove_created(path, created)
         hold.release()
         if e.busy:
             raise StoreError(f"{path}: database busy: another process held it for {wait_s:g} s") from None
@@ -200,10 +202,39 @@ def open_db(path: str | os.PathLike = DEFAULT_DB, read_only: bool = False, wait_
             upgrade = open_db(path, read_only=False, wait_s=max(0.0, deadline - time.monotonic()))
             upgrade.close()
             return open_db(path, read_only=True, wait_s=max(0.0, deadline - time.monotonic()))
+    except duckdb.Error as e:  # a damaged file, a foreign schema or a full disk, met by the migrations
+        _close_quietly(store, path if created else None)
+        raise StoreError(describe_db_error(path, e)) from None
     except BaseException:
-        store.close()
+        _close_quietly(store, path if created else None)
         raise
     return store
+
+
+def _remove_created(path: str, created: bool) -> None:
+    """A file this open created and could not finish (a full disk leaves 0 bytes, which every later
+    open would take for a damaged database) is removed: the database is as it was, absent."""
+    if not created:
+        return
+    for leftover in (path, path + ".wal"):
+        try:
+            os.unlink(leftover)
+        except OSError:
+            pass
+
+
+def _close_quietly(store: "Store", created: str | None = None) -> None:
+    """Close a store that failed on open (the error that made it fail is the one that counts), and
+    remove the file when this open created it (`created`: its path)."""
+    hold, store._hold = store._hold, None  # released after the removal: no other writer sees it half-made
+    try:
+        store.close()
+    except duckdb.Error:
+        pass
+    finally:
+        _remove_created(created or "", created is not None)
+        if hold is not None:
+            hold.release()
 
 
 HOLD_LOG = os.environ.get("STEPWATCH_DB_HOLD_LOG")  # a file: one line per closed connection
@@ -220,13 +251,39 @@ def _log_hold(store: "Store", held_s: float) -> None:
                   f"{1000 * held_s:.1f} {where}\n")
 
 
+def describe_db_error(path: str, error: Exception) -> str:
+    """One line naming the database file and what is wrong with it, for a DuckDB error met while
+    using it (its first line kept: DuckDB's own words say which page or table)."""
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    lower = str(error).lower()
+    if "no space left" in lower or "disk quota" in lower:
+        what = "cannot be written: its disk is full"
+    elif "read-only" in lower or "read only" in lower or "permission denied" in lower:
+        what = "cannot be written: the file or its filesystem is read-only"
+    elif isinstance(error, (duckdb.IOException, duckdb.SerializationException)) or "corrupt" in lower \
+            or "checksum" in lower or "could not read" in lower:
+        what = "is damaged (truncated or corrupt): restore it from a copy"
+    elif isinstance(error, (duckdb.CatalogException, duckdb.BinderException)):
+        what = "is not a stepwatch database of this version (a table or column it needs is missing)"
+    else:
+        what = "cannot be used"
+    return f"{path}: database {what} ({type(error).__name__}: {line})"
+
+
 class Store:
+    """One connection to the file. Every DuckDB error met while it is open in a `with` block (a
+    damaged page, a full disk, a foreign schema) leaves the block as a StoreError naming the file
+    (describe_db_error): the one place where the engine's errors become the database's."""
+
     def __init__(self, con: duckdb.DuckDBPyConnection, path: str, hold: DbLock | None = None,
                  attached: str | None = None, read_only: bool = False):
         self.con = con  # a cursor of the process's DuckDB instance, USE-ing the attached file
         self.path = path
         self._hold, self._attached = hold, attached
         self._opened, self._read_only, self._closed = time.monotonic(), read_only, False
+        # set when the file could not be checkpointed on close (a full disk): what was committed
+        # is kept in its write-ahead log (<db>.wal), which the next open replays
+        self.checkpoint_error: str | None = None
 
     def close(self) -> None:
         if self._closed:
@@ -235,7 +292,13 @@ class Store:
         try:
             self.con.close()
             if self._attached is not None:
-                detach(self._attached)
+                try:
+                    detach(self._attached)
+                except duckdb.Error as e:
+                    if "checkpoint" not in str(e).lower():
+                        raise
+                    # committed already: in the WAL, not yet in the file (DuckDB's own words)
+                    self.checkpoint_error = describe_db_error(self.path, e)
         finally:
             if self._hold is not None:
                 self._hold.release()
@@ -245,8 +308,14 @@ class Store:
     def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, error, tb) -> None:
+        try:
+            self.close()
+        except duckdb.Error as e:
+            if error is None:
+                raise StoreError(describe_db_error(self.path, e)) from None
+        if isinstance(error, duckdb.Error):
+            raise StoreError(describe_db_error(self.path, error)) from None
 
     # -- schema -------------------------------------------------------------------------
     def migrate(self) -> list[int]:

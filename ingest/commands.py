@@ -16,6 +16,7 @@ from .runs.errors import RunError, SpecError
 from .traces.categories import load_rule_chain
 from .traces.importer import ImportOptions, load_pattern_catalog, prepare_import
 from .traces.progress import ImportBar, Progress
+from .user_files import load_user_table
 
 _WORKLOAD_FLAGS = ("preset", "kv", "cuda_graph", "model_path", "load_format", "kv_cache_dtype",
                    "attention_backend", "batch_size", "input_len", "output_len", "context", "tp", "profile_steps")
@@ -25,18 +26,8 @@ def _spec_body(args) -> dict:
     """The spec file's fields (if any) with the flags given on the command line on top."""
     body: dict = {}
     if args.spec_file:
-        import tomllib
-
-        path = args.spec_file
-        try:
-            text = open(path).read()
-            body = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
-        except OSError as e:
-            raise SpecError(f"{path}: cannot read ({e.strerror})") from None
-        except (ValueError, tomllib.TOMLDecodeError) as e:
-            raise SpecError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'TOML'} ({e})") from None
-        if not isinstance(body, dict):
-            raise SpecError(f"{path}: a spec is a table/object")
+        # a regular file, size and depth limited (ingest/user_files.py); a table/object
+        body = load_user_table(args.spec_file, SpecError, as_json=args.spec_file.endswith(".json"))
     workload = dict(body.get("workload") or {})
     for key in _WORKLOAD_FLAGS:
         if getattr(args, key, None) is not None:
@@ -276,6 +267,9 @@ def _store_import(db: str, record, tables, facts) -> tuple[int, bool, int]:
         if facts is not None:
             store.record_commit(record.repo, facts.sha, facts.committed_at, facts.author, facts.subject, facts.seq)
         commits = count_series_commits(store, run_id) if created and record.commit else 0
+    if store.checkpoint_error:  # committed: stored in the WAL, which the next open replays (db/store.py)
+        print(f"stepwatch: note: run {run_id} is stored, in the database's write-ahead log ({db}.wal): "
+              f"{store.checkpoint_error}", file=sys.stderr)
     return run_id, created, commits
 
 

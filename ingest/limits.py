@@ -17,6 +17,10 @@ class ReadLimits:
     max_events: int = 20_000_000  # ~13 GB of JSON, ~0.9 GB of columns; `--max-events` raises it
     max_name_chars: int = 65_536  # an event name (a templated kernel name is a few thousand)
     max_piece_bytes: int = 16 << 20  # one event, or the gap between two events
+    # whitespace before the first event (before the object, around `"traceEvents": [`): Kineto
+    # writes a newline and a few spaces (the 162 MB H200 capture: 3 bytes); 16 MB of it took 28 s
+    # to read before the skip was made linear, and a 4 MB gzip of 4 GB of spaces never ended
+    max_padding_bytes: int = 16 << 20
 
 
 DEFAULT_LIMITS = ReadLimits()
@@ -41,3 +45,12 @@ MERGE_MAX_TABLE_ROWS = 5_000_000  # rows of one table of an export; merge a larg
 MERGE_MAX_RUN_ROWS = 1_000_000  # rows of one run in one table (steps, step_categories, kernel_stats, rank_stats)
 MERGE_MAX_TEXT_CHARS = 65_536  # a text field (a kernel's name: as ReadLimits.max_name_chars)
 MERGE_MAX_JSON_CHARS = 1 << 20  # a JSON field (a workload, a manifest, notes, a diagnosis)
+
+# -- files a user hands in: --rules, --patterns, --config and run spec files (ingest/user_files.py)
+# Only regular files are read (a FIFO would block, /dev/zero never ends: on b4995d3 it grew to
+# 3.4-3.7 GB before MemoryError), at most this many bytes: the built-in catalogs are 3-5 KB
+# (categories.toml, patterns.toml), a config of 50 hosts ~10 KB, so 1 MB is 200x the largest seen
+USER_FILE_MAX_BYTES = 1 << 20
+# how deep tables and arrays may nest in such a file: a spec's deepest field is 3 levels
+# (workload.<key>.<list>); a 600-deep TOML made tomllib raise RecursionError (a traceback)
+USER_FILE_MAX_DEPTH = 32

@@ -167,6 +167,25 @@ def test_a_killed_task_process_is_run_again_once_then_the_job_fails_with_the_rea
     assert len(re.findall(r"removed \S*stepwatch-job\S* on Ray node", job["log"])) == 2
     worktrees = git(ROOT, "worktree", "list", "--porcelain")
     assert not any(p in worktrees for p in made), worktrees
+    # the benchmark each killed task had started (its own process group: the kill -9 missed it) is
+    # stopped too: no process works in a dead attempt's directories (b4995d3 left it running)
+    assert not _working_in(made), _working_in(made)
+
+
+def _working_in(paths: list[str]) -> list[str]:
+    """Live processes whose working directory or an argument lies in one of `paths`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if any(a.startswith(p) for p in paths for a in [*args, cwd]):
+            found.append(f"{proc.name}: {' '.join(args)[:200]}")
+    return found
 
 
 def test_a_run_asks_ray_for_a_gpu_per_tensor_parallel_rank():

@@ -26,10 +26,13 @@ ALLOWED = [
     ("ingest.errors", ()),
     ("ingest.limits", ()),
     ("ingest.priority", ()),
+    ("ingest.user_files", ("ingest.errors", "ingest.limits")),  # reads a user's settings files under the limits
     ("ingest.regress", ("ingest.regress", "ingest.errors")),  # pure: no database, no I/O
     ("ingest.traces", ("ingest.traces", "ingest.regress", "ingest.errors", "ingest.limits", "ingest.priority",
+                       "ingest.user_files",
                        "db", "kernels.bundle", "kernels.names")),
     ("ingest.runs", ("ingest.runs", "ingest.traces", "ingest.regress", "ingest.errors", "ingest.limits",
+                     "ingest.user_files",
                      "ingest.priority", "db", "kernels.bundle", "kernels.names")),
     ("ingest.studies", ("ingest", "db", "kernels")),
     ("ingest", ("ingest", "db", "kernels")),  # the command line: cli, commands, report, __main__

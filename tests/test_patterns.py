@@ -338,7 +338,7 @@ BAD = {
     "a wrong type": ('[[pattern]]\nid = "big-cast"\nsubject = "kernel"\nmin_share = "high"\nsentence = "x"\n',
                      r"pattern 1 \(big-cast\) field 'min_share' must be a number from 0 to 1$"),
     "a bad regex": ('[[pattern]]\nid = "big-cast"\nsubject = "kernel"\nname = "copy("\nsentence = "x"\n',
-                    r"pattern 1 \(big-cast\) field 'name' is not a valid regex \(missing \), unterminated subpattern"),
+                    r"pattern 1 \(big-cast\) field 'name' is not a valid regex \(missing \): copy\(; RE2 syntax\)"),
     "a figure the subject lacks": ('[[pattern]]\nid = "idle"\nsubject = "kernel"\nmin_share = 0.5\n'
                                    'sentence = "{idle_ms:ms} idle"\n',
                                    r"pattern 1 \(idle\) field 'sentence' names \{idle_ms\}, not a figure of a kernel "

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import re2
+
 from . import RegressError
 from .diagnose import (CAST_BYTES, KV_BYTES, RunFacts, _describe_kernel, _fmt_bytes, _fmt_count, _fmt_ms, _fmt_pct,
                        _fmt_rate, _from_source, _per_layer_words, _sentence_start, _times_per_layer, by_size,
@@ -44,6 +46,12 @@ from .diagnose import (CAST_BYTES, KV_BYTES, RunFacts, _describe_kernel, _fmt_by
 DEFAULT_CATALOG = Path(__file__).with_name("patterns.toml")
 MAX_KERNEL_FINDINGS = 3  # findings one kernel pattern gives, the largest kernels first
 SUBJECTS = ("kernel", "step", "host_sync", "communication")
+# A pattern's regexes are RE2's (google-re2): matched in time linear in the text, so a regex from
+# a user's --patterns file cannot backtrack for ever ('(a+)+$' on 60 a's and a '!' hung b4995d3's
+# `re`); RE2 refuses backreferences and lookarounds, which kernel names never needed.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.case_sensitive = False
+_RE2_OPTIONS.log_errors = False  # its own stderr log: the PatternError's one line says it
 _REGEX_FIELDS = ("name", "category", "launcher", "source")  # regexes on a kernel row's own text
 # regexes on the launching ops' input dtypes: this row's, and another row's of the same category
 _DTYPE_FIELDS = ("input_dtypes", "elsewhere_input_dtypes")
@@ -88,7 +96,7 @@ class Pattern:
     id: str
     subject: str
     sentence: str
-    regexes: Mapping[str, re.Pattern]  # kernel row field -> regex searched in it
+    regexes: Mapping[str, Any]  # kernel row field -> RE2 regex (re2._Regexp) searched in it
     limits: Mapping[str, float]  # condition field (min_share, ...) -> bound
     per_layer: bool = False
     origin: str = ""  # "FILE: pattern N (id)", for messages
@@ -148,9 +156,10 @@ def _read_pattern(origin: str, index: int, body, seen: dict[str, int]) -> Patter
             if not isinstance(body[key], str):
                 raise PatternError(f"{where} field '{key}' must be a string (a regex)")
             try:
-                regexes[key] = re.compile(body[key], re.IGNORECASE)
-            except re.error as e:
-                raise PatternError(f"{where} field '{key}' is not a valid regex ({e})") from None
+                regexes[key] = re2.compile(body[key], _RE2_OPTIONS)
+            except re2.error as e:
+                problem = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else e
+                raise PatternError(f"{where} field '{key}' is not a valid regex ({problem}; RE2 syntax)") from None
     limits = {}
     for key, (_, top) in _LIMITS[subject].items():
         if key in body:

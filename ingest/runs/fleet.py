@@ -69,7 +69,7 @@ from ..limits import MAX_ATTEMPTS
 from ..traces.categories import Rule
 from .repos import ROOT
 from .spec import Config, RangeSpec, RunSpec, parse_job_spec
-from .survival import kept_bundle_path, make_work_dir
+from .survival import kept_bundle_path, make_work_dir, stop_local_commands
 from .worker import (
     HEARTBEAT_S,
     STALE_S,
@@ -221,7 +221,9 @@ def _note_scratch(relay, job_id: int, path: str, repo: str | None) -> None:
 
 
 def _remove_scratch_here(entries: list[dict]) -> list[str]:
-    """On the node that made them: remove a dead task's scratch directories (only names that
+    """On the node that made them: stop the dead task's commands that still run there (a benchmark
+    runs in a process group of its own, so the task's kill -9 did not reach it: it ran on and
+    wrote into the directories removed here), remove its scratch directories (only names that
     stepwatch's mkdtemp gives) and prune the git worktrees they held from their repositories;
     returns the directories that were there."""
     removed = []
@@ -229,6 +231,7 @@ def _remove_scratch_here(entries: list[dict]) -> list[str]:
         path = Path(entry["path"])
         if not path.name.startswith("stepwatch-"):
             continue
+        stop_local_commands(str(path))  # as the local worker does for a dead attempt (survival.py)
         if path.exists():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))

@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
 
 from kernels.names import KV_STRATEGIES, PRESET_NAMES
 
 from .engines.sglang_choices import FLAG_CHOICES, find_choice_problem
+from ..user_files import load_user_table
 from .errors import SpecError
 from .names import DEVICES, ENGINES
 
@@ -405,14 +405,8 @@ def parse_job_spec(body: Any, config: Config | None = None) -> RunSpec | RangeSp
 
 
 def _read_table_file(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as e:
-        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'} ({e})") from None
+    """A config or spec file's table: a regular file, size and depth limited (ingest/user_files.py)."""
+    return load_user_table(path, SpecError)
 
 
 def load_config(path: str | Path | None) -> Config:

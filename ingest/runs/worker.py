@@ -38,7 +38,7 @@ from db.store import StoreError, open_db, run_tables
 from ..errors import IngestError
 from ..limits import MAX_ATTEMPTS
 from ..traces.categories import Rule
-from ..traces.importer import ImportOptions, prepare_import
+from ..traces.importer import ImportOptions
 from .bisect import plan_bisects
 from .connect import make_host_for
 from .engines.base import Checkout, EngineIO
@@ -46,6 +46,7 @@ from .engines.registry import ENGINES
 from .errors import CommandCancelled, CommandTimeout, HostError, RunError, SpecError
 from .expand import Expansion, expand_range
 from .git import CommitInfo, describe_commit, resolve_ref
+from .import_process import prepare_stoppable
 from .hosts import Host, LocalHost
 from .repos import ROOT, check_code_source
 from .spec import Config, RangeSpec, RunSpec, parse_job_spec
@@ -239,10 +240,14 @@ def _bundle_for(db_path: str, job_id: int, spec: RunSpec, config: Config, report
 
 def _import(db_path: str, job_id: int, spec: RunSpec, rules: list[Rule], bundle: Path, repo: str,
             commit: CommitInfo | None, reporter: Reporter) -> int:
-    """Import the bundle as the job's run (at most one run a job: Store.insert_run); its id."""
-    record = prepare_import(bundle, rules, ImportOptions(
+    """Import the bundle as the job's run (at most one run a job: Store.insert_run); its id. The
+    reading stops on a cancel, the worker's SIGTERM or the job's timeout_s (CommandCancelled,
+    CommandTimeout), leaving nothing behind; nothing is written until the record is whole."""
+    # in a process of its own, so that a cancel, SIGTERM or the job's timeout_s stop it (import_process.py)
+    record = prepare_stoppable(bundle, rules, ImportOptions(
         repo=repo, commit=commit.sha if commit else spec.ref,
-        variant=spec.variant if spec.engine != "reference" else None, job_id=job_id))
+        variant=spec.variant if spec.engine != "reference" else None, job_id=job_id),
+        reporter.should_stop, spec.timeout_s, reporter.line)
     tables = run_tables(record)  # before the file is held
     with open_db(db_path) as store:
         if commit is not None:  # before the run: a job with a run has its commit's facts

@@ -9,9 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
-
 from ..errors import IngestError
+from ..user_files import load_user_table
 
 DEFAULT_RULES = Path(__file__).with_name("categories.toml")
 CATEGORIES = ("cast", "memcpy", "gemm", "attention", "moe", "communication", "norm", "elementwise", "other")
@@ -46,19 +45,14 @@ def _compile(path: Path, index: int, key: str, value) -> re.Pattern:
         raise RulesError(f"{path}: rule {index} field '{key}' must be a string")
     try:
         return re.compile(value, re.IGNORECASE)
-    except re.error as e:
+    except (re.error, OverflowError, RecursionError) as e:  # OverflowError: a{4294967296}
         raise RulesError(f"{path}: rule {index} field '{key}' is not a valid regex ({e})") from None
 
 
 def load_rules(path: str | Path) -> list[Rule]:
     """Parse one rules file; raise RulesError naming the file, the rule and the field."""
     path = Path(path)
-    try:
-        body = tomllib.loads(path.read_text())
-    except OSError as e:
-        raise RulesError(f"{path}: cannot read ({e.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise RulesError(f"{path}: not valid TOML ({e})") from None
+    body = load_user_table(path, RulesError, as_json=False)  # a regular file, size and depth limited
     rules = body.get("rule")
     if not isinstance(rules, list) or not rules:
         raise RulesError(f"{path}: no [[rule]] tables")
@@ -74,7 +68,7 @@ def load_rules(path: str | Path) -> list[Rule]:
             raise RulesError(f"{path}: rule {i} field 'category' must be a lower-case word")
         activity = r.get("activity")
         if activity is not None:
-            if not isinstance(activity, list) or not set(activity) <= set(ACTIVITIES):
+            if not isinstance(activity, list) or not all(isinstance(a, str) and a in ACTIVITIES for a in activity):
                 raise RulesError(f"{path}: rule {i} field 'activity' must be a list among {ACTIVITIES}")
             activity = frozenset(activity)
         dd = r.get("dtypes_differ")

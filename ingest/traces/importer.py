@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import re
+import stat
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -22,6 +23,7 @@ from kernels.bundle import LABEL_RULE, Manifest, is_bundle, is_label, read_bundl
 
 from ..errors import IngestError, TraceError
 from ..regress.consistency import check_consistency
+from ..user_files import describe_kind, parse_user_table, read_user_text
 from ..regress.diagnose import diagnose_run, facts_from_record
 from ..regress.patterns import DEFAULT_CATALOG, Pattern, PatternError, combine_catalogs, find_patterns, parse_catalog
 from .analyse import RankFigures, analyse_trace
@@ -74,10 +76,12 @@ def find_traces(path: Path) -> tuple[list[Path], Manifest | None, list[str]]:
     if not path.exists():
         raise IngestError(f"{path}: no such file or directory")
     if path.is_file():
-        return [path], None, []
+        return [_regular(path)], None, []
+    if not path.is_dir():  # a FIFO would block the read, a device never end
+        raise IngestError(f"{path}: is {describe_kind(path.stat().st_mode)}, not a trace file or a directory")
     if is_bundle(path):
         manifest = read_bundle(path)
-        return [path / name for name in manifest.traces], manifest, []
+        return [_regular(path / name) for name in manifest.traces], manifest, []
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
     if not files:
         raise IngestError(f"{path}: directory holds no trace files (*.json or *.json.gz)")
@@ -95,17 +99,33 @@ def find_traces(path: Path) -> tuple[list[Path], Manifest | None, list[str]]:
     return files, None, notes
 
 
-def hash_traces(files: list[Path]) -> str:
+def _regular(path: Path) -> Path:
+    """`path`, when it is a regular file (followed through links): the one kind of file a trace is
+    read from (a FIFO blocks the hash's open, /dev/zero never ends)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise TraceError(path, f"cannot read ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise TraceError(path, f"is {describe_kind(mode)}, not a trace file")
+    return path
+
+
+def hash_traces(files: list[Path], distinct: int = 0) -> str:
     """Content hash of the traces' bytes (file order fixed by rank), the run's identity."""
-    return digest_traces(files)[0]
+    return digest_traces(files, distinct)[0]
 
 
-def digest_traces(files: list[Path]) -> tuple[str, list[tuple[int, str]]]:
+def digest_traces(files: list[Path], distinct: int = 0) -> tuple[str, list[tuple[int, str]]]:
     """In one read of each file: the content hash of all (hash_traces) and each file's (bytes,
-    sha256), which the dashboard checks before it serves the file (app/traces.py)."""
+    sha256), which the dashboard checks before it serves the file (app/traces.py). The first
+    `distinct` files must differ from each other (a run's own traces: one a rank): two with the
+    same bytes are refused here, as soon as the second is hashed, before any is decoded (a bundle
+    listing one trace 300 times was read 300 times before its ranks were found to clash)."""
     h = hashlib.blake2b(digest_size=20)
     each = []
-    for f in files:
+    seen: dict[str, Path] = {}
+    for index, f in enumerate(files):
         one, size = hashlib.sha256(), 0
         try:
             with open(f, "rb") as fh:
@@ -117,6 +137,11 @@ def digest_traces(files: list[Path]) -> tuple[str, list[tuple[int, str]]]:
             raise TraceError(f, f"cannot read ({e.strerror})") from None
         h.update(b"\0file\0")
         each.append((size, one.hexdigest()))
+        if index < distinct:
+            twin = seen.setdefault(one.hexdigest(), f)
+            if twin != f:
+                raise TraceError(f, f"has the same bytes as {twin.name}: one trace given twice (a run holds one "
+                                    "trace a rank)")
     return h.hexdigest(), each
 
 
@@ -313,12 +338,9 @@ def _manifest_dict(m: Manifest | None) -> dict | None:
 
 
 def _read_catalog(path: Path) -> list[Pattern]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise PatternError(f"{path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise PatternError(f"{path}: not valid TOML (not UTF-8 text)") from None
+    """A catalog file's patterns: a regular file, size and depth limited (ingest/user_files.py)."""
+    text = read_user_text(path, PatternError)
+    parse_user_table(text, path, PatternError, as_json=False)  # its depth, before parse_catalog's tomllib
     return parse_catalog(text, str(path))
 
 
@@ -379,7 +401,7 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
     files, manifest, file_notes = find_traces(path)
     mappings = find_mapping(opts.mapping, manifest, path, files)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
-    content_hash, digests = digest_traces(files + mappings)  # attributed or not: two runs
+    content_hash, digests = digest_traces(files + mappings, distinct=len(files))  # attributed or not: two runs
     try:
         if watch is None:
             figures = analyse_files(files, rules, steps, opts.limits, mappings=mappings)

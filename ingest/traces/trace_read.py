@@ -34,6 +34,7 @@ from typing import BinaryIO
 import msgspec
 import numpy as np
 from isal import igzip
+from isal.igzip_lib import IsalError
 
 from ..errors import TraceError
 from ..limits import DEFAULT_LIMITS, ReadLimits
@@ -304,7 +305,7 @@ def _reading(path: Path):
     """A read error (a truncated or corrupt gzip) becomes a TraceError naming the file."""
     try:
         yield
-    except (EOFError, OSError, igzip.BadGzipFile) as e:
+    except (EOFError, OSError, igzip.BadGzipFile, IsalError) as e:  # IsalError: an invalid deflate block
         raise TraceError(path, f"compressed data is truncated or corrupt ({e})") from None
 
 
@@ -412,59 +413,76 @@ def read_trace(path: str | os.PathLike, *, split: bool | None = None, chunk_byte
     return _read_serial(path, chunk_bytes, limits)
 
 
-def _open_events(stream: BinaryIO, path: Path) -> tuple[dict, bytes, bool]:
-    """Read up to the first event: (the keys before `traceEvents`, the bytes after its '[', whether
-    the file is Chrome's JSON Array Format: the events array itself, as Kineto wrote traces in
-    2020, with no keys at all).
+_READ_BYTES = 1 << 16  # what _open_events reads at a time
+
+
+def _skip_space(stream: BinaryIO, path: Path, rest: bytes, offset: int, skipped: int,
+                limits: ReadLimits) -> tuple[bytes, int, int]:
+    """(rest without the whitespace it starts with, reading on while all it holds is whitespace,
+    b"" at the end of the file; the byte offset of its first byte in the JSON; the whitespace
+    skipped so far, `skipped` included). Each read is stripped once and dropped when it is all
+    whitespace, so the skip is linear in its bytes and holds one read; more than
+    limits.max_padding_bytes of whitespace in all is refused at the offset it reached."""
+    while True:
+        stripped = rest.lstrip()
+        offset += len(rest) - len(stripped)
+        skipped += len(rest) - len(stripped)
+        if skipped > limits.max_padding_bytes:
+            raise TraceError(path, f"has more than {limits.max_padding_bytes:,} bytes of whitespace before its "
+                                   f"first event (at byte {offset:,} of the JSON; the limit)")
+        if stripped:
+            return stripped, offset, skipped
+        rest = _read(stream, path, _READ_BYTES)
+        if not rest:
+            return b"", offset, skipped
+
+
+def _not_a_trace(path: Path) -> TraceError:
+    return TraceError(path, "is not a trace: it starts with neither '{' (a JSON object with "
+                            "'traceEvents') nor '[' (an array of events)")
+
+
+def _open_events(stream: BinaryIO, path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> tuple[dict, bytes, bool]:
+    """Read up to the first event: (the keys before `traceEvents`, the bytes from its first event
+    on, whether the file is Chrome's JSON Array Format: the events array itself, as Kineto wrote
+    traces in 2020, with no keys at all).
 
     The first byte that is not whitespace decides: '[' an array of events, '{' an object whose
     `traceEvents` key is then looked for in the bytes as they arrive (each read searched once,
-    with the key's length of overlap: linear in the bytes before it), anything else is refused."""
-    parts: list[bytes] = []
-    size, kind = 0, None
-    while True:
-        more = _read(stream, path, 1 << 16)
+    with the key's length of overlap: linear in the bytes before it), anything else is refused.
+    The whitespace before the object, around the key's ':' and '[' and before the first event is
+    skipped a read at a time (`_skip_space`: linear, at most limits.max_padding_bytes in all)."""
+    head, offset, skipped = _skip_space(stream, path, b"", 0, 0, limits)
+    if not head:
+        raise TraceError(path, "is empty")
+    if head[:1] == b"[":
+        rest, _, _ = _skip_space(stream, path, head[1:], offset + 1, skipped, limits)
+        return {}, rest, True
+    if head[:1] != b"{":
+        raise _not_a_trace(path)
+    parts: list[bytes] = [head]
+    size = len(head)
+    while _KEY not in (parts[-2][-len(_KEY):] if len(parts) > 1 else b"") + parts[-1]:
+        if size > (64 << 20):
+            raise TraceError(path, "no 'traceEvents' key in the first 64 MB")
+        more = _read(stream, path, _READ_BYTES)
         if not more:
-            head = b"".join(parts)
-            if not head.strip():
-                raise TraceError(path, "is empty")
-            if kind != b"{":
-                raise TraceError(path, "is not a trace: it starts with neither '{' (a JSON object with "
-                                       "'traceEvents') nor '[' (an array of events)")
-            _decode_header(path, head)  # valid JSON but no events key
+            _decode_header(path, b"".join(parts))  # valid JSON but no events key
             raise TraceError(path, "has no 'traceEvents' array")
         parts.append(more)
         size += len(more)
-        if kind is None:
-            first = b"".join(parts).lstrip()[:1]
-            if first:
-                kind = first
-                if kind == b"[":
-                    return {}, b"".join(parts).lstrip()[1:], True
-                if kind != b"{":
-                    raise TraceError(path, "is not a trace: it starts with neither '{' (a JSON object with "
-                                           "'traceEvents') nor '[' (an array of events)")
-        window = (parts[-2][-len(_KEY):] if len(parts) > 1 else b"") + more
-        if _KEY in window:
-            break
-        if size > (64 << 20):
-            raise TraceError(path, "no 'traceEvents' key in the first 64 MB")
     head = b"".join(parts)
     key_at = head.index(_KEY)
     prefix = head[:key_at].strip()
-    rest = head[key_at + len(_KEY) :]
-    m = re.match(rb"\s*:\s*\[\s*", rest)
-    while m is None or m.end() == len(rest):
-        more = _read(stream, path, 1 << 16)
-        if not more:
-            break
-        rest += more
-        m = re.match(rb"\s*:\s*\[\s*", rest)
-    if m is None:
-        raise TraceError(path, "'traceEvents' is not an array")
+    rest, at, skipped = _skip_space(stream, path, head[key_at + len(_KEY) :], offset + key_at + len(_KEY), skipped,
+                                    limits)
+    for expected in (b":", b"["):
+        if rest[:1] != expected:
+            raise TraceError(path, "'traceEvents' is not an array")
+        rest, at, skipped = _skip_space(stream, path, rest[1:], at + 1, skipped, limits)
     header_text = prefix.rstrip(b",") + b"}"
     header = _decode_header(path, header_text if prefix != b"{" else b"{}")
-    return header, rest[m.end() :], False
+    return header, rest, False
 
 
 def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = DEFAULT_LIMITS,
@@ -485,7 +503,7 @@ def _scan(path: Path, chunk_bytes: int, on_piece, on_last, limits: ReadLimits = 
     stored = _stored_size(path)
     with open_trace_stream(path) as stream:
         raw = getattr(stream, "fileobj", stream)  # the file on disk (under a gzip stream)
-        header, rest, array_form = _open_events(stream, path)
+        header, rest, array_form = _open_events(stream, path, limits)
         total = len(rest)
         buf = bytearray(max(3 * chunk_bytes, 2 * len(rest) + 2))
         buf[0] = 0x5B  # '['
