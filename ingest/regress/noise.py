@@ -262,3 +262,19 @@ def judge_counts(a: Sequence[float], b: Sequence[float], *, higher_is_better: bo
         verdict = WITHIN_NOISE if va == vb else (IMPROVEMENT if (vb > va) == higher_is_better else REGRESSION)
         return Verdict(verdict, rel, rel, rel, int(xa.size), int(xb.size), va, vb, exact, 0.0, None, None, None)
     return judge(xa, xb, estimate_spread([xa, xb]), higher_is_better=higher_is_better)
+
+
+def judge_in_series(series: Sequence[tuple[str, float]], a: Sequence[float], b: Sequence[float], *,
+                    same_commit: bool = False, higher_is_better: bool = False, floor: float | None = None,
+                    breaks: Sequence[int] = ()) -> Verdict:
+    """judge() with the spread of a series given as (commit, run value) pairs in commit order
+    (runs of one commit next to each other): the pages' and `ingest compare`'s entry point."""
+    by_commit: list[list[float]] = []
+    last = object()
+    for commit, value in series:
+        if commit != last:
+            by_commit.append([])
+            last = commit
+        by_commit[-1].append(value)
+    return judge(a, b, estimate_spread(by_commit, breaks, floor), higher_is_better=higher_is_better,
+                 same_commit=same_commit)
