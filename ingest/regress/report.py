@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+from .diagnose import shorten_kernel_name
+
 PRIMARY = ("tok_per_s", "step_ms")
 _HEAD_ORDER = ("tok_per_s", "step_ms", "copy_share")
 _UNITS = {"tok_per_s": "tok/s", "step_ms": "ms", "copy_share": ""}
@@ -60,10 +62,7 @@ def _evidence(row: dict) -> str:
 
 
 def _kernel_name(metric: str) -> str:
-    name = metric.split(":", 2)[2].split("\x1f")[0]
-    from .diagnose import shorten_kernel_name
-
-    return shorten_kernel_name(name)
+    return shorten_kernel_name(metric.split(":", 2)[2].split("\x1f")[0])
 
 
 def group_events(rows: list[dict]) -> list[dict]:

@@ -21,7 +21,6 @@ ingest/regress/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -29,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ingest.studies.aa_analyse import analyse
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITS = 21
@@ -102,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "collect":
         collect(args.work)
     else:
-        from ingest.studies.aa_analyse import analyse
-
         print(analyse(args.work))
     return 0
 
