@@ -179,6 +179,9 @@ def _add_spec_arguments(p: argparse.ArgumentParser, with_repo: bool = True) -> N
         p.add_argument("--repo-path", help="a git checkout on the host, for a repo the config does not name")
         p.add_argument("--ref", help="commit, tag or branch (resolved to a full sha)")
         p.add_argument("--variant")
+    p.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+                   help="run each job N times, each its own run (default 1): repeats give the run-to-run spread "
+                        "verdicts need; backfill queues them in rounds over all commits (interleaved)")
     p.add_argument("--path", help="import engine: a trace, directory or bundle")
     p.add_argument("--timeout-s", type=_positive_float)
     p.add_argument("--preset")

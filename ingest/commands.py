@@ -50,18 +50,30 @@ def _spec_body(args) -> dict:
 
 def run_run(args) -> int:
     from .runs.spec import load_config, parse_spec
-    from .runs.survival import process_stamp
-    from .runs.worker import check_runnable, execute_job, worker_name  # change tracking's SciPy: not for import
+    from .runs.worker import check_runnable  # change tracking's SciPy: not for import
 
     config = load_config(args.config)
     spec = parse_spec(_spec_body(args), config)
     check_runnable(spec, config)  # an unknown ref or an unreachable host: refused, nothing queued
-    with open_db(args.db) as store:
-        job_id = store.enqueue_job(spec.to_json(), spec.describe())
-    print(f"queued job {job_id}: {spec.describe()}", file=sys.stderr)
-    if args.queue:
-        print(job_id)
-        return 0
+    run_ids = []
+    for _ in range(args.repeat):  # each repeat its own job, its own process, its own run
+        with open_db(args.db) as store:
+            job_id = store.enqueue_job(spec.to_json(), spec.describe())
+        print(f"queued job {job_id}: {spec.describe()}", file=sys.stderr)
+        if args.queue:
+            print(job_id)
+            continue
+        run_ids.append(_run_now(args, config, job_id))
+    for run_id in run_ids:
+        print(run_id)
+    return 0
+
+
+def _run_now(args, config, job_id: int) -> int:
+    """Claim and execute one queued job here; its run id."""
+    from .runs.survival import process_stamp
+    from .runs.worker import execute_job, worker_name
+
     with open_db(args.db) as store:
         job = store.claim_job(worker_name(), job_id, worker_proc=process_stamp())
     if job is None:
@@ -75,8 +87,7 @@ def run_run(args) -> int:
         final = store.get_job(job_id, with_log=False)
     if status != "succeeded":
         raise RunError(f"job {job_id} {status}: {final['error_kind']}: {final['error']}")
-    print(run_id)
-    return 0
+    return run_id
 
 
 def _with_progress(bar: Progress, echo):
@@ -142,8 +153,10 @@ def run_backfill(args) -> int:
     with open_db(args.db) as store:
         for c in commits:
             store.record_commit(repo_name, c.sha, c.committed_at, c.author, c.subject, c.seq)
-        ids = [store.enqueue_job(s.to_json(), s.describe(), batch) for s in specs]
-    print(f"queued {len(ids)} jobs ({len(commits)} commits x {len(variants)} variants), "
+        # repeats in rounds over every commit (A B C A B C), so that a host's drift falls on all alike
+        ids = [store.enqueue_job(s.to_json(), s.describe(), batch) for _ in range(args.repeat) for s in specs]
+    repeats = f" x {args.repeat} repeats" if args.repeat > 1 else ""
+    print(f"queued {len(ids)} jobs ({len(commits)} commits x {len(variants)} variants{repeats}), "
           f"jobs {ids[0]}..{ids[-1]}", file=sys.stderr)
     print(" ".join(map(str, ids)))
     return 0

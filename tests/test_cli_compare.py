@@ -89,3 +89,31 @@ def test_bad_input_is_one_line_and_exit_2(samples_db, args, message):
     out, _ = _compare(samples_db, *args)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == f"stepwatch: error: {message}\n"
+
+
+def test_run_and_backfill_take_a_repeat_count(tmp_path):
+    from db.store import open_db
+    from tests.helpers import git, kernels_repo
+
+    db = tmp_path / "q.duckdb"
+    out = run_cli("ingest", "run", "--engine", "reference", "--preset", "tiny", "--device", "cpu", "--repeat", "3",
+                  "--queue", "--db", str(db))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "2", "3"]  # three jobs, each its own run when a worker takes it
+    repo = tmp_path / "repo"
+    kernels_repo(repo, "c1")
+    for n in (2, 3):
+        (repo / "note.txt").write_text(f"{n}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"c{n}")
+    shas = [git(repo, "rev-parse", f"main~{k}") for k in (2, 1, 0)]
+    out = run_cli("ingest", "backfill", "--repo", str(repo), "--range", f"{shas[0]}..{shas[2]}", "--engine",
+                  "reference", "--preset", "tiny", "--device", "cpu", "--repeat", "2", "--db", str(db))
+    assert out.returncode == 0, out.stderr
+    assert "x 2 repeats" in out.stderr
+    with open_db(db, read_only=True) as store:
+        refs = [json.loads(j["spec"])["ref"] for j in sorted(store.list_jobs(), key=lambda j: j["job_id"])
+                if j["batch"] and j["batch"].startswith("backfill")]
+    assert refs == [shas[1], shas[2], shas[1], shas[2]]  # rounds over the commits (A..B excludes A): interleaved
+    bad = run_cli("ingest", "run", "--engine", "reference", "--device", "cpu", "--repeat", "0", "--db", str(db))
+    assert bad.returncode == 2 and "--repeat: '0' must be positive" in bad.stderr
