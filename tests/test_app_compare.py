@@ -184,3 +184,37 @@ def test_two_imported_traces_one_without_a_commit_and_of_rank_1(tmp_path, open_p
     frames = [d.value for d in at.dataframe]
     kernel_diff = next(f for f in frames if "change" in f and "name" in f)
     assert (kernel_diff["change"] == "added").sum() > 10  # B's kernels are there (none of A's names)
+
+
+def test_a_same_sha_pair_reads_as_a_repeat_and_two_commits_pool_their_runs(tmp_path, open_page):
+    # the glm5-serving-demo sample bundles of its first two commits: two real H200 runs each (fused at both)
+    import shutil
+
+    from db.store import open_db
+    from ingest.traces.categories import load_rule_chain
+    from ingest.traces.samples import SAMPLE_DIR, load_samples
+
+    only = tmp_path / "samples"
+    only.mkdir()
+    for name in ("demo-9317abc-1-glm5-graph", "demo-9317abc-2-glm5-graph", "demo-05a3934-1-glm5-graph",
+                 "demo-05a3934-2-glm5-graph"):
+        (only / name).symlink_to(SAMPLE_DIR / name)
+    shutil.copy(SAMPLE_DIR / "commits.json", only / "commits.json")
+    db = tmp_path / "demo.duckdb"
+    assert load_samples(str(db), load_rule_chain(), only) == 4
+    with open_db(db, read_only=True) as store:
+        ids = {sha: [r for (r,) in store.con.execute(
+            "SELECT r.run_id FROM runs r JOIN commits c USING (commit_id) WHERE starts_with(c.sha, ?)"
+            " ORDER BY r.run_id", [sha]).fetchall()] for sha in ("9317abc", "05a3934")}
+    first, second = ids["9317abc"]
+    at = open_page(db, "compare", a=str(first), b=str(second), by="runs")
+    assert not at.exception
+    verdict = [m.value for m in at.markdown if m.value.startswith("**Repeat, within noise**")]
+    assert len(verdict) == 1 and "the same commit measured twice" in verdict[0]
+    assert [m.delta for m in at.metric][5].endswith("· repeat, within noise")  # the step tile, not coloured
+    at = open_page(db, "compare", a=str(first), b=str(ids["05a3934"][0]), by="commits")
+    assert not at.exception
+    pooled = [m.value for m in at.markdown if "2 and 2 runs" in m.value]
+    # each commit's two runs pooled, the spread theirs: 2.8 % on 2 degrees of freedom is too noisy for 10 %
+    assert pooled and pooled[0].startswith("**Too noisy to judge changes under"), [m.value for m in at.markdown]
+    assert "from 2 repeated runs (pooled within commits)" in pooled[0]
