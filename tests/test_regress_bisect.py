@@ -1,7 +1,9 @@
 """Automatic bisection on a real git repository: eight commits of stepwatch's kernels/, where the
 fifth switches the fused KV path back to casting the whole pool (the seeds' regression). Only
-the first and last commits are queued, twice each (repeats); the worker's change tracking finds
-the cast kernel that appears between them (a count: exact) and bisects to the planted commit. Real processes, git, DuckDB; tiny preset, CPU."""
+the first and last commits are queued; the worker's change tracking finds the cast kernel that
+appears between them (a count: exact, so confirmed without repeats) and bisects to the planted
+commit. The step times are single CPU runs on a loaded host: without repeats they have no
+run-to-run spread, so their change is at most suspected and bisects nothing. Real processes, git, DuckDB; tiny preset, CPU."""
 
 import re
 
@@ -35,7 +37,7 @@ def test_worker_bisects_to_the_planted_commit(tmp_path):
     repo = tmp_path / "repo"
     shas = _make_repo(repo)
     db = tmp_path / "s.duckdb"
-    for sha in (shas[0], shas[0], shas[-1], shas[-1]):  # the ends twice each: repeats give the run-to-run spread
+    for sha in (shas[0], shas[-1]):
         queued = run_cli("ingest", "run", "--engine", "reference", "--preset", "tiny", "--kv", "fused",
                          "--device", "cpu", "--profile-steps", "2", "--repo", "planted", "--repo-path", str(repo),
                          "--ref", sha, "--db", str(db), "--queue")
@@ -63,27 +65,20 @@ def test_worker_bisects_to_the_planted_commit(tmp_path):
     assert re.search(r"first bad commit \w+ isolated after 3 bisect run\(s\)", worker.stdout)
     # the cast's kernel is one fact of the event at c5: "added", never an improvement or regression
     assert cast["direction"] == "added" and cast["status"] == "confirmed"
-    # the step time: the whole-pool cast makes it several times slower on CPU, but a loaded 2-core host
-    # can spread runs by tens of per cent, so whether that clears the spread of two repeats is the
-    # host's say. What must hold: never a change the other way, and a confirmed one is at c5, > 2x.
-    step = changes[changes["metric"] == "step_ms"]
-    assert set(step["direction"]) <= {"regression"}
-    confirmed = step[step["status"] == "confirmed"]
-    assert all(confirmed["first_bad_sha"] == shas[4]) and all(confirmed["rel_change"] > 1.0)
-    for row in confirmed.itertuples():
-        assert "cast" in " ".join(f["text"] for f in row.diagnosis)
-    # the CI gate over the same history: Markdown, the event at c5, exit 1 exactly when a tok/s or
-    # step-time regression is confirmed there
+    # the step time: single runs and a 5-commit history (4 differences) give no run-to-run spread,
+    # so no speed change is confirmed (the old detector confirmed a -51.8 % "improvement" here on
+    # a loaded host); a suspected one is a regression at c5 (the cast is several times slower)
+    speed = changes[changes["metric"].isin(["tok_per_s", "step_ms"])]
+    assert set(speed["status"]) <= {"suspected"}
+    step = speed[speed["metric"] == "step_ms"]
+    assert set(step["direction"]) <= {"regression"} and all(step["first_bad_sha"] == shas[4])
+    # the CI gate over the same history: Markdown, the event at c5 with its kernel added; no confirmed
+    # tok/s or step-time regression, so exit 0 even with --fail-on-regression
     check = run_cli("ingest", "check", "--repo", "planted", "--repo-path", str(repo), "--range", f"{shas[0]}..{shas[-1]}",
                     "--db", str(db), "--fail-on-regression")
-    gate = bool(len(changes[changes["metric"].isin(["tok_per_s", "step_ms"]) & (changes["status"] == "confirmed")
-                            & (changes["direction"] == "regression")]))
-    assert check.returncode == (1 if gate else 0), check.stderr
+    assert check.returncode == 0, check.stderr
     assert check.stdout.startswith(f"## stepwatch check `{shas[0]}..{shas[-1]}`")
-    if gate:
-        assert re.search(r"\*\*[1-9]\d* confirmed regression\(s\)\*\* of tok/s or step time", check.stdout)
-    else:
-        assert "**0 confirmed regression(s)** of tok/s or step time" in check.stdout
+    assert "**0 confirmed regression(s)** of tok/s or step time" in check.stdout
     assert f"`{shas[4][:12]}` c5: fused KV path casts the whole pool again" in check.stdout
     assert "_fetch_kv" not in check.stdout  # (kernels are named short: their source line is the DB's)
     assert "copy_ added" in check.stdout  # the cast (aten::copy_), inside its event's row

@@ -79,3 +79,16 @@ def test_one_change_point_is_one_event_with_its_kernels_added_and_removed():
     assert "**2 confirmed regression(s)** of tok/s or step time; 1 event(s), 7 change(s)" in text
     assert "improvement" not in text.split("### ")[0].split("| --- |")[-1]  # no kernel "improvement" in the table
     assert text.count("\n| reference tiny") == 1  # one row for the event
+
+
+def test_a_count_that_changes_between_two_single_runs_is_exact():
+    key = "kernel:calls_per_step:aten::copy_\x1faten::copy_\x1fkernels/workload.py(200): _fetch_kv"
+    values = [[0.0], [4.0]]  # the cast kernel absent at c1, 4 calls a step at c8: one run each
+    points = [Point(f"c{i}", tuple(v)) for i, v in enumerate(values)]
+    (found,) = judge_changes(key, False, points, values)
+    change, verdict = found
+    assert (change.last_good, change.first_bad, verdict.spread.source) == (0, 1, "exact")
+    assert _direction(key, change, verdict) == "added"
+    # 78 -> 79 calls is 1.3 %: below the minimum effect; runs of one commit that disagree: the detector decides
+    flat = [[78.0], [78.0], [79.0]]
+    assert judge_changes(key, False, [Point(f"c{i}", tuple(v)) for i, v in enumerate(flat)], flat) == []

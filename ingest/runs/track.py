@@ -31,7 +31,7 @@ from db.store import open_db
 from db.views import get_series_of_run, list_series
 
 from ..priority import run_as_batch
-from ..regress.detect import Point, detect_changes
+from ..regress.detect import MIN_REL_CHANGE, Change, Point, detect_changes
 from ..regress.noise import NOT_ENOUGH, estimate_spread, judge, judge_counts, step_floor
 from ..regress.diagnose import RunFacts, diagnose_change
 from ..regress.explain import explain_change
@@ -206,10 +206,10 @@ def judge_changes(metric: str, higher: bool, points: list[Point], run_values: li
     with no spread to judge it against ("not enough data": single runs, a short history) is kept
     as *suspected* (its noise verdict says so; pages, `ingest check` and bisect tell it apart);
     one within noise or too noisy to judge is dropped."""
-    found = detect_changes(points, higher_is_better=higher)
+    count = metric.startswith("kernel:calls_per_step:")
+    found = (count and find_count_changes(points, run_values, higher)) or detect_changes(points, higher_is_better=higher)
     if not found:
         return []
-    count = metric.startswith("kernel:calls_per_step:")
     # the floor: a run's own steps (a kernel's points hold one value a run, no steps)
     floors = [] if metric.startswith("kernel:") else [f for f in (step_floor(p.samples) for p in points) if f is not None]
     spread = None if count else estimate_spread(run_values, [c.first_bad for c in found],
@@ -228,6 +228,35 @@ def judge_changes(metric: str, higher: bool, points: list[Point], run_values: li
         if verdict.changed or verdict.verdict == NOT_ENOUGH:  # the latter kept as "suspected"
             kept.append((ch, verdict))
     return kept
+
+
+def find_count_changes(points: list[Point], run_values: list[list[float]], higher: bool) -> list[Change] | None:
+    """A count's change points (a kernel's calls per step), exactly: where consecutive measured
+    commits' values differ by at least MIN_REL_CHANGE (or from or to 0), each commit's runs
+    agreeing. None when some commit's runs disagree (then the detector decides). A rank test
+    cannot rank one value a side; a count needs none: one run at each end suffices."""
+    measured = [(i, v) for i, v in enumerate(run_values) if v]
+    if any(max(v) != min(v) for _, v in measured):
+        return None
+    levels = [(i, v[0]) for i, v in measured]
+    cuts = [k for k in range(1, len(levels)) if levels[k][1] != levels[k - 1][1] and (
+        levels[k - 1][1] == 0 or levels[k][1] == 0 or abs(levels[k][1] / levels[k - 1][1] - 1) >= MIN_REL_CHANGE)]
+    bounds = [0, *cuts, len(levels)]
+    changes = []
+    for j, k in enumerate(cuts):
+        (good, before), (bad, after) = levels[k - 1], levels[k]
+        rel = (after - before) / abs(before) if before else math.copysign(math.inf, after - before)
+        worse = after < before if higher else after > before
+        n_before, n_after = k - bounds[j], bounds[j + 2] - k
+        changes.append(Change(
+            last_good=good, first_bad=bad, last_good_commit=points[good].commit, first_bad_commit=points[bad].commit,
+            before_median=float(before), after_median=float(after), rel_change=rel,
+            direction="regression" if worse else "improvement", p_value=0.0, points_before=n_before,
+            points_after=n_after, samples_before=sum(len(run_values[i]) for i, _ in levels[bounds[j]:k]),
+            samples_after=sum(len(run_values[i]) for i, _ in levels[k:bounds[j + 2]]),
+            last_good_samples=len(run_values[good]), first_bad_samples=len(run_values[bad]), noise=0.0,
+            noise_source="exact", log_scale=False))
+    return changes
 
 
 def _direction(metric: str, ch, verdict) -> str:
