@@ -23,7 +23,7 @@ def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db,
     # one event, one card: tok/s heads it, step ms inside it. One run a commit and no history: no
     # run-to-run spread, so the change is suspected, not confirmed (it read "regression, p = 6.8e-08"
     # on the 20 steps of one run a side, the pseudo-replication issue 30 describes)
-    assert at.caption[1].value.startswith("1 event (2 of 2 changes: 0 confirmed, 2 suspected), newest first")
+    assert at.caption[1].value.startswith("1 event (4 of 4 changes: 2 confirmed, 2 suspected), newest first")
     assert at.markdown[0].value == ("**tok/s** :orange[suspected regression] · 135.44 tok/s -> 13.62 tok/s "
                                     "(**-89.9 %**, suspected, not enough data: 1 and 1 run, no run-to-run spread: "
                                     "run each commit 2 times)")
@@ -52,11 +52,11 @@ def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db,
 
 def test_filters_come_from_the_url(dashboard_db, open_page):
     at = open_page(dashboard_db, "regressions", direction="improvement")
-    assert not at.exception and at.caption[1].value.startswith("0 events (0 of 2 changes")
-    at = open_page(dashboard_db, "regressions", kind="structure")  # no kernel's calls per step was confirmed
-    assert at.caption[1].value.startswith("0 events (0 of 2")
+    assert not at.exception and at.caption[1].value.startswith("0 events (0 of 4 changes")
+    at = open_page(dashboard_db, "regressions", kind="structure")  # the kernels added and removed: exact counts
+    assert at.caption[1].value.startswith("1 event (2 of 4 changes: 2 confirmed")
     at = open_page(dashboard_db, "regressions", repo=KV_REPO, direction="regression", kind="speed")
-    assert at.caption[1].value.startswith("1 event (2 of 2")
+    assert at.caption[1].value.startswith("1 event (2 of 4")
     assert {s.label: s.value for s in at.selectbox} == {"Repository": KV_REPO, "Series": "all",
                                                        "Direction": "regression", "Metric": "speed"}
 
@@ -66,7 +66,7 @@ def test_picking_a_filter_rewrites_the_url(dashboard_db, open_page):
     series = at.selectbox(key="url_series").options[1]
     assert series.startswith("glm5 · batch 1 · context 2048 · CUDA graph") and series.endswith("· main")
     at.selectbox(key="url_direction").select("improvement").run()
-    assert at.query_params["direction"] == "improvement" and at.caption[1].value.startswith("0 events (0 of 2")
+    assert at.query_params["direction"] == "improvement" and at.caption[1].value.startswith("0 events (0 of 4")
 
 
 def test_newest_first_commit_first(writable_db, open_page):

@@ -143,6 +143,7 @@ class SeriesData:
     per_step: pd.DataFrame
     kernels: dict
     facts: dict  # run id -> RunFacts
+    exact_counts: bool = True  # the series records its workload: a kernel's calls per step is exact from one run
 
 
 def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> SeriesData | None:
@@ -159,7 +160,7 @@ def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -
         k = facts[rid].kernels.copy()
         k["key"] = k["name"] + "\x1f" + k["launcher"] + "\x1f" + k["source"]
         kernels[rid] = k
-    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts)
+    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts, bool(series.get("workload_key")))
 
 
 def detect_series_changes(data: SeriesData | None) -> list[dict]:
@@ -170,7 +171,7 @@ def detect_series_changes(data: SeriesData | None) -> list[dict]:
     commits = _commit_points(data.points)
     rows = []
     for metric, higher, pts, run_values in _metric_points(commits, data.per_step, data.kernels, data.points):
-        for ch, verdict in judge_changes(metric, higher, pts, run_values):
+        for ch, verdict in judge_changes(metric, higher, pts, run_values, data.exact_counts):
             good, bad = commits.iloc[ch.last_good], commits.iloc[ch.first_bad]
             between = int(bad["seq"] - good["seq"] - 1) if pd.notna(bad["seq"]) and pd.notna(good["seq"]) else 0
             row = {"metric": metric, "direction": _direction(metric, ch, verdict),
@@ -196,7 +197,8 @@ def detect_series_changes(data: SeriesData | None) -> list[dict]:
     return rows
 
 
-def judge_changes(metric: str, higher: bool, points: list[Point], run_values: list[list[float]]):
+def judge_changes(metric: str, higher: bool, points: list[Point], run_values: list[list[float]],
+                  exact_counts: bool = True):
     """The detector's candidate changes of one metric that the noise model (ingest.regress.noise)
     confirms, with its verdict: the runs of the segment before against those after (each run one
     sample, the commits of a segment pooled), the spread from the metric's own repeats, else its
@@ -207,7 +209,9 @@ def judge_changes(metric: str, higher: bool, points: list[Point], run_values: li
     as *suspected* (its noise verdict says so; pages, `ingest check` and bisect tell it apart);
     one within noise or too noisy to judge is dropped."""
     count = metric.startswith("kernel:calls_per_step:")
-    found = (count and find_count_changes(points, run_values, higher)) or detect_changes(points, higher_is_better=higher)
+    # (a series with no workload recorded may lump different work together: its counts go to the detector)
+    found = (count and exact_counts and find_count_changes(points, run_values, higher)) or detect_changes(
+        points, higher_is_better=higher)
     if not found:
         return []
     # the floor: a run's own steps (a kernel's points hold one value a run, no steps)
