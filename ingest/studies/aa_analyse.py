@@ -40,7 +40,8 @@ ASV_THRESHOLD = 0.05  # asv's default regressions threshold
 
 def _runs(store, repo: str):
     return store.con.execute(
-        "SELECT r.run_id, c.sha, coalesce(r.timing_ms_median, r.step_ms_median) AS step_ms FROM runs r"
+        "SELECT r.run_id, c.sha, coalesce(r.timing_ms_median, r.step_ms_median) AS step_ms,"
+        " coalesce(r.variant, '') FROM runs r"
         " JOIN commits c USING (commit_id) JOIN repos p ON p.repo_id = r.repo_id WHERE p.name = ?"
         " ORDER BY c.seq, r.run_id", [repo]).fetchall()
 
@@ -73,21 +74,22 @@ def lookback_z(values: list[float]) -> dict:
     return {"flagged": int(flagged), "tested": max(0, len(values) - LOOKBACK_MIN), "max_abs_z": worst}
 
 
-def analyse(work: Path) -> str:
-    db = work / "aa_analysis.duckdb"
-    shutil.copy(work / "aa.duckdb", db)  # the collector may still hold the original
+def analyse(work: Path, repos: tuple[str, ...] = ("aa-idle", "aa-loaded"), db_name: str = "aa.duckdb") -> str:
+    db = work / f"analysis-{db_name}"
+    shutil.copy(work / db_name, db)  # the collector may still hold the original
     shas = json.loads((work / "shas.json").read_text())
     out = ["| host | runs (commits) | spread (source) | pairs judged | changed | repeat | too noisy | within "
            "noise | not enough | CLI pairs: changed | check: confirmed / suspected, exit | asv regressions | "
            "lookback z flagged (max abs z) |", "| --- |" + " ---: |" * 12]
     details = []
-    for repo in ("aa-idle", "aa-loaded"):
+    for repo in repos:
         with open_db(db, read_only=True) as store:
             runs = _runs(store, repo)
             counts: dict[str, int] = {}
             spread = None
-            for (ra, sa, va), (rb, sb, vb) in combinations(runs, 2):
-                side = lambda r, s, v: {"runs": pd.DataFrame([{"run_id": r, "sha": s, "variant": "",
+            variant_of = {r[0]: r[3] for r in runs}
+            for (ra, sa, va, _), (rb, sb, vb, _) in combinations(runs, 2):
+                side = lambda r, s, v: {"runs": pd.DataFrame([{"run_id": r, "sha": s, "variant": variant_of[r],
                                                                 "series": series_of[r], "step_ms": v}]),
                                         "commit": False, "label": f"run {r}"}
                 if spread is None:
@@ -103,7 +105,7 @@ def analyse(work: Path) -> str:
         # real processes: consecutive pairs and the same-sha repeats
         cli_pairs = list(zip(runs, runs[1:]))
         cli_changed, cli_verdicts = 0, {}
-        for (ra, _, _), (rb, _, _) in cli_pairs:
+        for (ra, *_), (rb, *_) in cli_pairs:
             res = _cli("compare", str(ra), str(rb), "--db", str(db), "--json", "--fail-on-regression")
             verdict = json.loads(res.stdout)["comparisons"][0]["verdict"] if res.returncode in (0, 1) else "error"
             cli_verdicts[verdict] = cli_verdicts.get(verdict, 0) + 1
@@ -112,7 +114,7 @@ def analyse(work: Path) -> str:
                      f"{shas[repo][0]}..{shas[repo][-1]}", "--db", str(db), "--fail-on-regression")
         confirmed = sum(is_confirmed(r) for r in rows)
         by_commit: dict[str, list[float]] = {}
-        for _, sha, v in runs:
+        for _, sha, v, _ in runs:
             by_commit.setdefault(sha, []).append(v)
         per_commit = [float(np.median(v)) for v in by_commit.values()]
         asv = asv_steps(per_commit)

@@ -95,13 +95,37 @@ def collect(work: Path) -> None:
             print(f"{k + 1}/{len(plan)} {repo} a{i}: {took:.0f} s", flush=True)
 
 
+def import_h200(work: Path, bundles: Path) -> None:
+    """The H200 half: bundles of `kernels.bench --preset glm5 --kv fused --cuda-graph --steps 2`,
+    each its own process on the lent H200 (main's kernels/, the same code every time), imported
+    in order as the commits of an A/A repository "aa-h200" (one bundle a commit)."""
+    work.mkdir(parents=True, exist_ok=True)
+    names = sorted(p for p in bundles.iterdir() if p.is_dir() and (p / "manifest.json").exists())
+    global COMMITS
+    COMMITS = len(names)
+    shas = make_repo(work / "aa-h200")
+    known = json.loads((work / "shas.json").read_text()) if (work / "shas.json").exists() else {}
+    (work / "shas.json").write_text(json.dumps({**known, "aa-h200": shas}))
+    for bundle, sha in zip(names, shas):
+        out = subprocess.run([sys.executable, "-m", "ingest", "import", str(bundle), "--repo", "aa-h200",
+                              "--commit", sha, "--repo-path", str(work / "aa-h200"), "--db", str(work / "h200.duckdb")],
+                             cwd=ROOT, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"import of {bundle} failed: {out.stderr[-1000:]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ingest.studies.aa_study")
-    p.add_argument("what", choices=("collect", "analyse"))
+    p.add_argument("what", choices=("collect", "analyse", "import-h200", "analyse-h200"))
     p.add_argument("--work", default="/tmp/aa_study", type=Path)
+    p.add_argument("--bundles", type=Path, help="import-h200: the directory of the H200 bundles")
     args = p.parse_args(argv)
     if args.what == "collect":
         collect(args.work)
+    elif args.what == "import-h200":
+        import_h200(args.work, args.bundles)
+    elif args.what == "analyse-h200":
+        print(analyse(args.work, ("aa-h200",), "h200.duckdb"))
     else:
         print(analyse(args.work))
     return 0
