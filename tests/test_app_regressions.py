@@ -23,7 +23,8 @@ def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db,
     # one event, one card: tok/s heads it, step ms inside it. One run a commit and no history: no
     # run-to-run spread, so the change is suspected, not confirmed (it read "regression, p = 6.8e-08"
     # on the 20 steps of one run a side, the pseudo-replication issue 30 describes)
-    assert at.caption[1].value.startswith("1 event (4 of 4 changes: 2 confirmed, 2 suspected), newest first")
+    # (the default filter picks speed changes; the card shows its event's kernels all the same)
+    assert at.caption[1].value.startswith("1 event (2 of 4 changes: 0 confirmed, 2 suspected), newest first")
     assert at.markdown[0].value == ("**tok/s** :orange[suspected regression] · 135.44 tok/s -> 13.62 tok/s "
                                     "(**-89.9 %**, suspected, not enough data: 1 and 1 run, no run-to-run spread: "
                                     "run each commit 2 times)")
@@ -32,8 +33,14 @@ def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db,
     assert at.caption[2].value == (f"glm5 · batch 1 · context 2048 · CUDA graph — reference on NVIDIA H200 "
                                    f"({KV_REPO}) · main · 2 unmeasured commits between the last good and the "
                                    "first bad commit; bisecting: 0 runs so far.")
-    assert at.markdown[2].value.startswith("- **step ms** :orange[suspected regression] · 7.383 ms -> 73.418 ms "
-                                           "(**9.9x**")
+    inside = at.markdown[2].value.splitlines()
+    assert inside[0].startswith("- **step ms** :orange[suspected regression] · 7.383 ms -> 73.418 ms (**9.9x**")
+    # the kernels of the event inside its card: the cast kernel added, the gather-cast kernel removed
+    # (exact counts), neither an improvement nor a regression of its own
+    assert inside[1].startswith("- **calls per step of unrolled_elementwise_kernel\\<direct_copy_kernel_cuda>")
+    assert ":blue[kernel added]" in inside[1] and "(**new (0 before)**, exact: 1 and 1 run)" in inside[1]
+    assert inside[2].startswith("- **calls per step of \\_gather_cast_kernel") and ":blue[kernel removed]" in inside[2]
+    assert len(inside) == 3 and "improvement" not in at.markdown[2].value
 
     link = at.get("page_link")[0]
     a, b = find_run_id(dashboard_db, "fe3ea75-glm5-fused-graph"), find_run_id(dashboard_db,

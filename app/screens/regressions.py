@@ -63,7 +63,10 @@ with cols[3]:
 COMMIT_WORDS = {"regression": ("first bad", "last good"), "improvement": ("first improved", "previous"),
                 "added": ("first", "previous"), "removed": ("first", "previous")}
 shown = filter_changes(changes, repo, series_id, direction, kind)
-events = group_events(shown)
+# the filters pick events (any of their changes passing); a card shows all of its event's changes
+picked = set(shown["change_id"])
+events = [e for e in group_events(filter_changes(changes, repo, series_id, "all", "all"))
+          if any(r.change_id in picked for r in e["rows"])]
 confirmed = int((shown["status"] == "confirmed").sum())
 st.caption(f"{len(events)} event{'s' if len(events) != 1 else ''} ({len(shown)} of {len(changes)} changes: "
            f"{confirmed} confirmed, {len(shown) - confirmed} suspected), newest first (by first bad commit). "
