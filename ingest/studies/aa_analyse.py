@@ -132,3 +132,30 @@ def analyse(work: Path, repos: tuple[str, ...] = ("aa-idle", "aa-loaded"), db_na
                        f"{check.stdout.splitlines()[2] if len(check.stdout.splitlines()) > 2 else check.stdout!r}; "
                        f"changes: {sorted({(r['metric'].split(chr(31))[0], r['direction'], is_confirmed(r)) for r in rows})}")
     return "\n".join(out + [""] + details) + "\n"
+
+
+def baseline(work: Path, repos: tuple[str, ...] = ("aa-idle", "aa-loaded"), db_name: str = "aa.duckdb") -> str:
+    """The same pairs and histories through the verdicts of before issue 30: the rank test on the
+    steps of one run a side (ingest.regress.uncertainty.compare_samples, the spread from repeats
+    only), and the detector's own confirmation (detect.detect_changes over the step-ms points)."""
+    from db.views import get_run_spread, get_step_samples
+    from ingest.regress.detect import Point, detect_changes
+    from ingest.regress.uncertainty import CHANGED, compare_samples
+
+    db = work / f"analysis-{db_name}"
+    lines = ["| host | pairs | old Compare 'changed' | old detector: confirmed step-ms changes |", "| --- | ---: | ---: | ---: |"]
+    with open_db(db, read_only=True) as store:
+        for repo in repos:
+            runs = _runs(store, repo)
+            samples = {r[0]: get_step_samples(store, r[0])["ms"] for r in runs}
+            spread = get_run_spread(store, runs[0][0])
+            changed = sum(compare_samples(samples[a[0]], samples[b[0]], spread=spread["spread"],
+                                          spread_pairs=spread["pairs"]).verdict == CHANGED
+                          for a, b in combinations(runs, 2))
+            by_commit: dict[str, list[float]] = {}
+            for r in runs:
+                by_commit.setdefault(r[1], []).extend(samples[r[0]])
+            found = detect_changes([Point(s, tuple(v)) for s, v in by_commit.items()], higher_is_better=False)
+            lines.append(f"| {repo} | {len(runs) * (len(runs) - 1) // 2} | {changed} | {len(found)} "
+                         f"({', '.join(f'{c.rel_change:+.0%}' for c in found)}) |")
+    return "\n".join(lines) + "\n"
