@@ -360,6 +360,15 @@ def list_runs_at_commit(store: Store, ref: str, repo: str | None = None) -> pd.D
         " WHERE starts_with(c.sha, ?) AND (? IS NULL OR p.name = ?) ORDER BY r.run_id", [ref, repo, repo]).df()
 
 
+def list_repo_runs(store: Store, repo: str) -> list[tuple]:
+    """(run_id, sha, step_ms, variant, series) of every run of a repository's commits, in commit
+    order: what the A/A study (ingest.studies.aa_study) pairs up."""
+    return store.con.execute(
+        f"SELECT r.run_id, c.sha, {STEP_MS} AS step_ms, coalesce(r.variant, ''), {series_id_sql('r', 'p')}"
+        " FROM runs r JOIN commits c USING (commit_id) JOIN repos p ON p.repo_id = r.repo_id WHERE p.name = ?"
+        " ORDER BY c.seq, r.run_id", [repo]).fetchall()
+
+
 def get_run_series_id(store: Store, run_id: int) -> dict[str, Any] | None:
     """A run's sha (None without a commit), variant, `series` (as list_runs_at_commit names it;
     None without a commit) and step_ms; None for no such run."""

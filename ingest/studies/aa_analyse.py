@@ -28,6 +28,9 @@ import numpy as np
 import pandas as pd
 
 from db.store import open_db
+from db.views import get_run_spread, get_step_samples, list_repo_runs
+from ingest.regress.detect import Point, detect_changes
+from ingest.regress.uncertainty import CHANGED, compare_samples
 from ingest.commands import compare_sides
 from ingest.regress.report import is_confirmed
 from ingest.runs.track import analyse_series, list_tracked_series
@@ -39,11 +42,7 @@ ASV_THRESHOLD = 0.05  # asv's default regressions threshold
 
 
 def _runs(store, repo: str):
-    return store.con.execute(
-        "SELECT r.run_id, c.sha, coalesce(r.timing_ms_median, r.step_ms_median) AS step_ms,"
-        " coalesce(r.variant, '') FROM runs r"
-        " JOIN commits c USING (commit_id) JOIN repos p ON p.repo_id = r.repo_id WHERE p.name = ?"
-        " ORDER BY c.seq, r.run_id", [repo]).fetchall()
+    return list_repo_runs(store, repo)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -88,15 +87,11 @@ def analyse(work: Path, repos: tuple[str, ...] = ("aa-idle", "aa-loaded"), db_na
             counts: dict[str, int] = {}
             spread = None
             variant_of = {r[0]: r[3] for r in runs}
-            for (ra, sa, va, _), (rb, sb, vb, _) in combinations(runs, 2):
+            series_of = {r[0]: r[4] for r in runs}
+            for (ra, sa, va, *_), (rb, sb, vb, *_) in combinations(runs, 2):
                 side = lambda r, s, v: {"runs": pd.DataFrame([{"run_id": r, "sha": s, "variant": variant_of[r],
                                                                 "series": series_of[r], "step_ms": v}]),
                                         "commit": False, "label": f"run {r}"}
-                if spread is None:
-                    series_of = dict(store.con.execute(
-                        "SELECT r.run_id, left(md5(concat_ws('|', p.name, coalesce(r.engine, ''),"
-                        " coalesce(r.device_name, ''), coalesce(r.workload_key, ''), coalesce(r.variant, ''))), 10)"
-                        " FROM runs r JOIN repos p ON p.repo_id = r.repo_id").fetchall())
                 (c,) = compare_sides(store, side(ra, sa, va), side(rb, sb, vb))
                 spread = spread or (c["spread"], c["spread_source"], c["spread_dof"])
                 counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
@@ -114,7 +109,7 @@ def analyse(work: Path, repos: tuple[str, ...] = ("aa-idle", "aa-loaded"), db_na
                      f"{shas[repo][0]}..{shas[repo][-1]}", "--db", str(db), "--fail-on-regression")
         confirmed = sum(is_confirmed(r) for r in rows)
         by_commit: dict[str, list[float]] = {}
-        for _, sha, v, _ in runs:
+        for _, sha, v, *_ in runs:
             by_commit.setdefault(sha, []).append(v)
         per_commit = [float(np.median(v)) for v in by_commit.values()]
         asv = asv_steps(per_commit)
@@ -138,10 +133,6 @@ def baseline(work: Path, repos: tuple[str, ...] = ("aa-idle", "aa-loaded"), db_n
     """The same pairs and histories through the verdicts of before issue 30: the rank test on the
     steps of one run a side (ingest.regress.uncertainty.compare_samples, the spread from repeats
     only), and the detector's own confirmation (detect.detect_changes over the step-ms points)."""
-    from db.views import get_run_spread, get_step_samples
-    from ingest.regress.detect import Point, detect_changes
-    from ingest.regress.uncertainty import CHANGED, compare_samples
-
     db = work / f"analysis-{db_name}"
     lines = ["| host | pairs | old Compare 'changed' | old detector: confirmed step-ms changes |", "| --- | ---: | ---: | ---: |"]
     with open_db(db, read_only=True) as store:
