@@ -193,7 +193,11 @@ def run_samples(args) -> int:
     n = load_samples(args.db, load_rule_chain())
     with open_db(args.db) as store:
         changes = track_changes(store)
-    print(f"loaded {n} sample runs into {args.db}; {len(changes)} confirmed changes", file=sys.stderr)
+    from .regress.report import is_confirmed
+
+    confirmed = sum(is_confirmed(r) for r in changes)
+    print(f"loaded {n} sample runs into {args.db}; {confirmed} confirmed changes, {len(changes) - confirmed} suspected",
+          file=sys.stderr)
     return 0
 
 
@@ -348,9 +352,12 @@ def run_merge(args) -> int:
     history = read_history(args.directory)  # every file checked before the database is opened
     with open_db(args.db) as store:
         result = merge_history(store, history)
-    changes = sum(len(follow_series(args.db, series)) for series in result.series)  # as after a job
+    from .regress.report import is_confirmed
+
+    found = [r for series in result.series for r in follow_series(args.db, series)]  # as after a job
+    confirmed = sum(is_confirmed(r) for r in found)
     print(f"merged {args.directory} into {args.db}: {result.describe()}; changes detected again in "
-          f"{len(result.series)} series ({changes} confirmed)", file=sys.stderr)
+          f"{len(result.series)} series ({confirmed} confirmed, {len(found) - confirmed} suspected)", file=sys.stderr)
     return 0
 
 

@@ -245,7 +245,7 @@ def test_the_dashboard_reads_the_same_series_trends_runs_and_changes_from_the_me
     merged = tmp_path / "merged.duckdb"
     assert main(["merge", str(fixture_export), "--db", str(merged)]) == 0
     line = capsys.readouterr().err
-    assert line.count("\n") == 1 and "23 runs added, 0 already present" in line and "(2 confirmed)" in line
+    assert line.count("\n") == 1 and "23 runs added, 0 already present" in line and "(2 confirmed, 2 suspected)" in line
 
     def read(db: Path) -> dict:
         with open_db(db, read_only=True) as store:

@@ -143,7 +143,7 @@ class SeriesData:
     per_step: pd.DataFrame
     kernels: dict
     facts: dict  # run id -> RunFacts
-    exact_counts: bool = True  # the series records its workload: a kernel's calls per step is exact from one run
+    exact_counts: bool = True  # workload recorded, commit order known: a kernel's calls per step is exact from one run
 
 
 def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> SeriesData | None:
@@ -160,7 +160,9 @@ def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -
         k = facts[rid].kernels.copy()
         k["key"] = k["name"] + "\x1f" + k["launcher"] + "\x1f" + k["source"]
         kernels[rid] = k
-    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts, bool(series.get("workload_key")))
+    # counts are exact along a known order only: a commit without its first-parent place sorts last
+    exact = bool(series.get("workload_key")) and bool(points["seq"].notna().all())
+    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts, exact)
 
 
 def detect_series_changes(data: SeriesData | None) -> list[dict]:
