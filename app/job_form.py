@@ -11,8 +11,10 @@ and shows in the page's job list.
   records the commits and queues one job a commit x run, in this plan's batch (ingest/runs/
   expand.py), the specs `python -m ingest backfill` queues. Both ends are checked for spelling
   here, and a range whose checkout cannot be anywhere is refused here.
-- A repo the config does not name, on this machine, may be the path of a checkout there: the
-  worker looks (repos.locate_repo), so that ref's runs are queued as a range job of one ref.
+- Code runs only from a repository the config names, or this checkout for the reference engine:
+  any other repo (a name the config lacks, the path of some other checkout) is refused here with
+  its name (spec.find_code_problem), and again by the worker. An import's path must lie under the
+  config's `[imports] roots`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import json
 from dataclasses import dataclass, field
 
 from ingest.runs.errors import SpecError
-from ingest.runs.spec import Config, RangeSpec, RunSpec, check_commits, parse_job_spec, parse_spec, place_at_commit
+from ingest.runs.spec import (Config, RangeSpec, RunSpec, check_commits, find_code_problem, parse_job_spec, parse_spec,
+                              place_at_commit)
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class FormInput:
     engine: str  # reference | sglang | import
     host: str = "local"
     device: str = "cpu"
-    repo: str = ""  # a config [repos] name; for the reference engine "" means this checkout
+    repo: str = ""  # a config [repos] name; for the reference engine "" (or "stepwatch") means this checkout
     commits: str = ""  # "", one ref, or a range A..B
     every: int = 1  # a range: every K-th commit
     variants: tuple[str, ...] = ()  # reference: KV strategies; sglang: "unpatched" or patch sets
@@ -63,19 +66,13 @@ def _build_run_body(form: FormInput, variant: str, graph: bool) -> dict:
     return body
 
 
-def _is_checkout_unknown(form: FormInput, config: Config) -> bool:
-    """Whether only the machine can say where `form.repo` is: a repo the config does not name,
-    other than this checkout, for a run on this machine, may be the path of a checkout here."""
-    return form.repo not in ("", "stepwatch", *config.repos) and config.host(form.host).ssh is None
-
-
 def _check_range(form: FormInput, config: Config) -> None:
     """What a range needs that no lookup can supply: both ends spelled as refs, a positive K, and
     a checkout that can exist: a repo from the config, else (on this machine only) this checkout
     for the reference engine or a path the worker will look for."""
     text = form.commits.strip()
-    if (not form.repo and form.engine != "reference") or (form.repo not in config.repos
-                                                          and config.host(form.host).ssh is not None):
+    if (form.repo in ("", "stepwatch") and form.engine != "reference") or (form.repo not in config.repos
+                                                                           and config.host(form.host).ssh is not None):
         raise SpecError(f"commits: the range {text!r} needs a repo from the config's [repos]"
                         " (or, for the reference engine on this machine, this checkout)")
     if form.every < 1:
@@ -118,12 +115,12 @@ def plan_jobs(form: FormInput, config: Config) -> JobPlan:
         raise SpecError("variants: choose at least one" + (" KV strategy" if form.engine == "reference" else ""))
     if not form.cuda_graph:
         raise SpecError("execution: choose eager, CUDA graph or both")
+    if form.repo:
+        find_code_problem(form.engine, form.repo, None, config)
     runs = [_build_run_body(form, variant, graph) for variant in form.variants for graph in form.cuda_graph]
     if ".." in text:
         return _plan_range_job(form, config, runs, f"form {form.engine} {text} every {form.every}")
     batch = f"form {form.engine} {text or 'HEAD'}"
-    if _is_checkout_unknown(form, config):
-        return _plan_range_job(form, config, runs, batch)
     specs = [parse_spec(place_at_commit(body, form.repo or None, text or None), config) for body in runs]
     return JobPlan([(s.to_json(), s.describe()) for s in specs], batch, specs)
 

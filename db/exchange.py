@@ -10,8 +10,9 @@ directory without one is an export that did not finish):
 directory again adds nothing. Everything about the format lives here, with a version number, as
 kernels/bundle.py keeps the bundle's.
 
-What travels (TABLES): repos, commits, runs (with their bundle references, `source_path` and
-`manifest`, as they were recorded: a path on the machine that imported the run), steps,
+What travels (TABLES): repos, commits, runs (with their bundle references, `source_path`,
+`manifest`, `trace_root` and `trace_digests`, as they were recorded: a path on the machine that
+imported the run), steps,
 step_categories, kernel_stats and rank_stats. What does not: `jobs` (a worker's local queue;
 a run's `job_id` names a job of that queue, so it is left out and merged runs have none),
 `changes` (derived: `python -m ingest merge` detects the changes of every series that the merge
@@ -37,6 +38,17 @@ of version 2 keeps reading version 1 (tests/test_exchange.py fails until TABLES 
 migrations). Bad input (a missing file, a changed or corrupt one, columns that do not match,
 rows that name ids the export does not hold) is an ExchangeError naming the file and the field;
 the transaction is rolled back and the database is left as it was.
+
+Nothing in an export is trusted. Each file is read once, by its literal path (never as a DuckDB
+pattern: a directory `glob[1]` is not its sibling `glob1`), checked against the manifest's sha256,
+and merged from those bytes as Arrow tables. `check_history` checks every row before any database
+is opened, as import checks what it writes (MergeChecks: the label rule, figures finite and not
+negative, JSON of its type, the series key, the size limits the caller names), so a bad row leaves
+the database file byte for byte as it was. A run's trace references (`trace_root`,
+`trace_digests`: what the dashboard may serve) are kept only where they verify on this machine at
+the merge: under a directory the caller allows, no link, each file of its recorded size and sha256
+(verify_trace_files); the others arrive empty, and the run is merged without downloadable traces.
+`source_path` and `manifest` travel as text, never read as paths.
 """
 
 from __future__ import annotations
@@ -44,25 +56,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .common import StoreError
-from .engine import duckdb
+from .engine import duckdb, load_arrow_scans
 from .series import series_columns_sql
 from .store import Store, _migration_files
 
 FORMAT = "stepwatch-history"
-VERSION = 3  # 2: runs.timeline, consistency, patterns and kernel_stats.input_dtypes (migration 010);
+VERSION = 4  # 2: runs.timeline, consistency, patterns and kernel_stats.input_dtypes (migration 010);
 # 3: runs.roofline and kernel_stats' roofline columns (migration 011), runs.graph_attribution and
-# kernel_stats.graph_op, graph_source, graph_layers (migration 012)
-READS = (1, 2, 3)  # versions this stepwatch merges; an older version's missing columns arrive as NULL
+# kernel_stats.graph_op, graph_source, graph_layers (migration 012); 4: runs.trace_root and
+# trace_digests (migration 013), kept by a merge only where the traces verify on this machine
+READS = (1, 2, 3, 4)  # versions this stepwatch merges; an older version's missing columns arrive as NULL
 MANIFEST_NAME = "manifest.json"
 
 # Each table that travels, its columns and their DuckDB types in the order of the migrations
-# (001-012). JSON columns travel as JSON text (Parquet strings).
+# (001-013). JSON columns travel as JSON text (Parquet strings).
 TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "repos": (("repo_id", "INTEGER"), ("name", "VARCHAR"), ("url", "VARCHAR")),
     "commits": (("commit_id", "INTEGER"), ("repo_id", "INTEGER"), ("sha", "VARCHAR"), ("committed_at", "TIMESTAMP"),
@@ -76,7 +90,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
              ("workload_key", "VARCHAR"), ("batch_size", "INTEGER"), ("timing_ms_median", "DOUBLE"),
              ("timing_ms_p10", "DOUBLE"), ("timing_ms_p90", "DOUBLE"), ("diagnosis", "JSON"), ("notes", "JSON"),
              ("timeline", "JSON"), ("consistency", "JSON"), ("patterns", "JSON"), ("roofline", "JSON"),
-             ("graph_attribution", "JSON")),
+             ("graph_attribution", "JSON"), ("trace_root", "VARCHAR"), ("trace_digests", "JSON")),
     "steps": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("wall_us", "DOUBLE"),
               ("gpu_busy_us", "DOUBLE"), ("kernel_us", "DOUBLE")),
     "step_categories": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("category", "VARCHAR"),
@@ -100,7 +114,8 @@ ADDED_IN = {2: {"runs": ("timeline", "consistency", "patterns"), "kernel_stats":
             3: {"runs": ("roofline", "graph_attribution"),
                 "kernel_stats": ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbps",
                                  "compute_fraction", "bandwidth_fraction", "bound", "graph_op", "graph_source",
-                                 "graph_layers")}}
+                                 "graph_layers")},
+            4: {"runs": ("trace_root", "trace_digests")}}
 
 
 def format_columns(table: str, version: int = VERSION) -> tuple[tuple[str, str], ...]:
@@ -132,10 +147,12 @@ class ExchangeError(StoreError):
 
 @dataclass(frozen=True)
 class History:
-    """A checked export directory: its manifest, and one Parquet file a table."""
+    """A checked export directory: its manifest, and each table's Parquet file as it was read and
+    checked (its bytes: what is merged is what was checked, and no path is read twice)."""
 
     directory: Path
     manifest: dict
+    blobs: dict = field(default_factory=dict, repr=False)  # table -> the Parquet file's bytes
 
     def path(self, table: str) -> str:
         return str(self.directory / f"{table}.parquet")
@@ -145,6 +162,32 @@ class History:
         return self.manifest["version"]
 
 
+@dataclass(frozen=True)
+class MergeChecks:
+    """What every row of an export must be before anything is merged: what import makes sure of
+    (given by the caller, ingest/commands.py, from the bundle's label rule and ingest/limits.py:
+    db/ imports no other part). Each limit is named in the refusal."""
+
+    label_pattern: str  # a repo name, commit sha, engine and variant match it whole (kernels.bundle.LABEL)
+    label_rule: str  # the rule in words, for the refusal
+    max_label_chars: int
+    max_table_rows: int  # rows of one table of the export (MERGE_MAX_TABLE_ROWS)
+    max_run_rows: int  # rows of one run in one table (MERGE_MAX_RUN_ROWS)
+    max_text_chars: int  # a text field: a kernel's name, launcher, source (MERGE_MAX_TEXT_CHARS)
+    max_json_chars: int  # a JSON field: a workload, notes, a diagnosis (MERGE_MAX_JSON_CHARS)
+    workload_key_of: Any = None  # workload (dict) -> its series key, as import derives it; None: not checked
+    trace_roots: tuple[str, ...] = ()  # directories (resolved) a merged run's traces may be offered from
+
+
+@dataclass(frozen=True)
+class CheckedHistory:
+    """An export whose every row passed MergeChecks: its tables as Arrow tables (runs with the
+    trace references that verified here, the others emptied), ready for merge_history."""
+
+    history: History
+    tables: dict  # table -> pyarrow.Table
+    traces_dropped: list  # the export's ids of runs whose trace references did not verify on this machine
+
 @dataclass
 class MergeResult:
     runs_added: int = 0
@@ -153,12 +196,16 @@ class MergeResult:
     commits_added: int = 0
     commits_completed: int = 0  # commits here that took facts (date, author, subject, seq) they lacked
     rows_added: dict[str, int] = field(default_factory=dict)  # per table of RUN_TABLES
+    traces_dropped: int = 0  # new runs whose traces do not verify here: none is offered for download
     order_kept: dict[str, int] = field(default_factory=dict)  # repo -> commits whose seq the two disagree on
     series: list[dict] = field(default_factory=list)  # series (named as pages name them, with variant) touched
 
     def describe(self) -> str:
         text = (f"{self.runs_added} runs added, {self.runs_present} already present; {self.commits_added} commits "
                 f"added, {self.commits_completed} completed; {self.repos_added} repos added")
+        if self.traces_dropped:
+            text += (f"; {self.traces_dropped} runs' traces cannot be verified on this machine (not under an "
+                     "[imports] root, or not the files they were): they are not offered for download")
         for repo, n in sorted(self.order_kept.items()):
             text += f"; {repo}: first-parent order kept, {n} commits' seq differ in the export (none taken)"
         return text
@@ -245,17 +292,23 @@ def _field(body: dict, key: str, kind: type, where: Path) -> Any:
     return value
 
 
-def _check_parquet(path: Path, table: str, entry: dict, version: int) -> None:
+def _check_parquet(path: Path, table: str, entry: dict, version: int) -> bytes:
     """The file is the one the manifest names (sha256), a Parquet file of the format's columns and
-    types, with the manifest's row count."""
+    types, with the manifest's row count; returns its bytes (read once, by its literal path)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not path.is_file():
-        raise ExchangeError(f"{path}: missing (the manifest lists table {table!r})")
-    if _sha256(path) != entry["sha256"]:
+    if path.is_symlink() or not path.is_file():
+        raise ExchangeError(f"{path}: missing (the manifest lists table {table!r})" if not path.exists() else
+                            f"{path}: not a regular file (a link or a directory)")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ExchangeError(f"{path}: cannot read ({e.strerror})") from None
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise ExchangeError(f"{path}: content differs from the manifest's sha256 (corrupt, or changed after export)")
     try:
-        meta = pq.read_metadata(path)
+        meta = pq.read_metadata(pa.BufferReader(data))
         schema = meta.schema.to_arrow_schema()
     except Exception as e:  # pyarrow's errors (ArrowInvalid, OSError) say what is wrong with the file
         raise ExchangeError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
@@ -272,6 +325,7 @@ def _check_parquet(path: Path, table: str, entry: dict, version: int) -> None:
         raise ExchangeError(f"{path}: column {extra[0]!r} is not one of table {table}'s (format version {version})")
     if meta.num_rows != entry["rows"]:
         raise ExchangeError(f"{path}: {meta.num_rows} rows, the manifest says {entry['rows']}")
+    return data
 
 
 def read_history(directory: str | os.PathLike) -> History:
@@ -310,42 +364,268 @@ def read_history(directory: str | os.PathLike) -> History:
         rows, digest = _field(entry, "rows", int, where), _field(entry, "sha256", str, where)
         if rows < 0 or len(digest) != 64:
             raise ExchangeError(f"{where}: field 'tables.{table}' has a bad row count or sha256")
-    history = History(directory, body)
+    blobs = {table: _check_parquet(directory / f"{table}.parquet", table, tables[table], body["version"])
+             for table in TABLES}
+    return History(directory, body, blobs)
+
+
+# -- checking every row ------------------------------------------------------------------------
+_ROW = "__row"  # each source row's number (from 1) in its file, for the refusal
+_SOURCE = {table: f"src_{table}" for table in TABLES}  # the checked tables' names, as a connection sees them
+# figures a row must not hold negative (or NaN, or infinite): every number of a travelling table but ids
+_IDS = {"repo_id", "commit_id", "run_id"}
+# JSON columns of runs and the JSON type each must have (when not NULL)
+_JSON_TYPES = {"workload": "OBJECT", "manifest": "OBJECT", "timeline": "OBJECT", "consistency": "OBJECT",
+               "patterns": "OBJECT", "roofline": "OBJECT", "graph_attribution": "OBJECT", "diagnosis": "ARRAY",
+               "notes": "ARRAY", "trace_digests": "ARRAY"}
+_LABELS = {"repos": ("name",), "commits": ("sha",), "runs": ("engine", "variant")}
+
+
+def _schema_connection():
+    """An in-memory database with this stepwatch's schema (the migrations), to check an export
+    against the same NOT NULL columns and types without opening the file it will merge into."""
+    con = duckdb.connect()
+    for _, _, path in _migration_files():
+        con.execute(path.read_text())
+    return con
+
+
+def _refuse(history: History, table: str, row: tuple, what: str) -> ExchangeError:
+    """One line: the file, the row (its number in the file, and its run or id) and what is wrong."""
+    number, key = row[0], row[1] if len(row) > 1 else None
+    key_text = f" ({_ID_OF.get(table, 'run_id')} {key})" if key is not None else ""
+    return ExchangeError(f"{history.path(table)}: row {number}{key_text}: {what}")
+
+
+def _key_of(table: str) -> str:
+    return _ID_OF.get(table, "run_id")
+
+
+def _first(con, sql: str, params: list | None = None):
+    return con.execute(sql, params or []).fetchone()
+
+
+def _check_sizes(history: History, checks: MergeChecks) -> None:
+    """Before any table is decoded: its rows (the manifest's, checked against the file) and each
+    run's rows in it, against the named limits."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     for table in TABLES:
-        _check_parquet(directory / f"{table}.parquet", table, tables[table], body["version"])
-    return history
+        rows = history.manifest["tables"][table]["rows"]
+        if rows > checks.max_table_rows:
+            raise ExchangeError(f"{history.path(table)}: {rows:,} rows, more than a merge takes "
+                                f"(MERGE_MAX_TABLE_ROWS {checks.max_table_rows:,}): export and merge fewer runs at a "
+                                "time (`ingest export --repo`)")
+    for table in RUN_TABLES:
+        ids = pq.read_table(pa.BufferReader(history.blobs[table]), columns=["run_id"]).column("run_id")
+        if len(ids) <= checks.max_run_rows:
+            continue
+        counts = pc.value_counts(ids)
+        biggest = max(range(len(counts)), key=lambda i: counts[i]["counts"].as_py())
+        run_id, n = counts[biggest]["values"].as_py(), counts[biggest]["counts"].as_py()
+        if n > checks.max_run_rows:
+            raise ExchangeError(f"{history.path(table)}: run_id {run_id} has {n:,} rows, more than one run may hold "
+                                f"(MERGE_MAX_RUN_ROWS {checks.max_run_rows:,})")
+
+
+def _load_tables(history: History) -> dict:
+    """Each table as an Arrow table read from the checked bytes, with its rows' numbers; columns a
+    format version lacks arrive as NULL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = {}
+    for table, columns in TABLES.items():
+        t = pq.read_table(pa.BufferReader(history.blobs[table]))
+        for name, kind in columns:
+            if name not in t.column_names:
+                t = t.append_column(name, pa.nulls(len(t), type=pa.type_for_alias(_PARQUET_TYPES[kind])
+                                                   if kind != "TIMESTAMP" else pa.timestamp("us")))
+        tables[table] = t.select([c for c, _ in columns]).append_column(_ROW, pa.array(range(1, len(t) + 1),
+                                                                                        pa.int64()))
+    return tables
+
+
+def _row_conditions(table: str, column: str, kind: str, checks: MergeChecks) -> list[tuple[str, list, str]]:
+    """(SQL condition a bad value meets, its parameters, what is wrong) for one column's values."""
+    found = []
+    if kind in ("DOUBLE", "INTEGER", "BIGINT") and column not in _IDS:
+        found.append((f"NOT (isfinite({column}::DOUBLE) AND {column} >= 0)", [],
+                      f"field {column!r} must be a finite number, not negative"))
+    if column in _LABELS.get(table, ()):
+        found.append((f"NOT (regexp_full_match({column}, ?) AND length({column}) <= ?)",
+                      [checks.label_pattern, checks.max_label_chars],
+                      f"field {column!r}: {checks.label_rule} (at most {checks.max_label_chars} characters)"))
+    elif kind == "VARCHAR":
+        found.append((f"length({column}) > ?", [checks.max_text_chars],
+                      f"field {column!r} is longer than MERGE_MAX_TEXT_CHARS ({checks.max_text_chars:,} characters)"))
+    if kind == "JSON":
+        found.append((f"length({column}) > ?", [checks.max_json_chars],
+                      f"field {column!r} is longer than MERGE_MAX_JSON_CHARS ({checks.max_json_chars:,} characters)"))
+        found.append((f"NOT json_valid({column})", [], f"field {column!r} is not JSON"))
+        if column in _JSON_TYPES:
+            found.append((f"json_type({column}::JSON) <> '{_JSON_TYPES[column]}'", [],
+                          f"field {column!r} must be a JSON {_JSON_TYPES[column].lower()}"))
+    return found
+
+
+def _check_rows(con, history: History, checks: MergeChecks) -> None:
+    """Every row as import makes it: the columns the schema keeps NOT NULL filled, labels by the
+    label rule, figures finite and not negative, text and JSON within their limits, JSON fields
+    of their type (a workload is an object), keys unique and every id a row names held."""
+    schema = {(t, c): (kind, nullable) for t, c, kind, nullable in con.execute(
+        "SELECT table_name, column_name, data_type, is_nullable FROM duckdb_columns()"
+        " WHERE database_name = current_database()").fetchall()}
+    for table, columns in TABLES.items():
+        src, key = _SOURCE[table], _key_of(table)
+        for column, kind in columns:
+            if not schema[(table, column)][1]:
+                row = _first(con, f"SELECT {_ROW}, {key} FROM {src} WHERE {column} IS NULL ORDER BY {_ROW} LIMIT 1")
+                if row:
+                    raise _refuse(history, table, row, f"field {column!r} is empty (the schema requires it)")
+            for condition, params, what in _row_conditions(table, column, kind, checks):
+                row = _first(con, f"SELECT {_ROW}, {key} FROM {src} WHERE {column} IS NOT NULL AND ({condition})"
+                                  f" ORDER BY {_ROW} LIMIT 1", params)
+                if row:
+                    raise _refuse(history, table, row, what)
+    _check_references(con, history)
+    if checks.workload_key_of is not None:
+        for number, run_id, workload, workload_key in con.execute(
+                f"SELECT {_ROW}, run_id, workload, workload_key FROM {_SOURCE['runs']} ORDER BY {_ROW}").fetchall():
+            expected = checks.workload_key_of(json.loads(workload)) if workload is not None else None
+            if workload_key != expected:
+                raise _refuse(history, "runs", (number, run_id), "field 'workload_key' is not the key of its "
+                              "workload (what import derives from it, which names the run's series)")
+
+
+def _check_references(con, history: History) -> None:
+    """Keys unique within the export, and every id a row names held by the table it names."""
+    for table, key in _UNIQUE:
+        row = _first(con, f"SELECT {key} FROM {_SOURCE[table]} GROUP BY ALL HAVING count(*) > 1 LIMIT 1")
+        if row:
+            raise ExchangeError(f"{history.path(table)}: {key} {', '.join(map(str, row))} occurs more than once")
+    for table, column, target in _NAMES:
+        row = _first(con, f"SELECT s.{column} FROM {_SOURCE[table]} s WHERE s.{column} IS NOT NULL"
+                          f" AND s.{column} NOT IN (SELECT {_ID_OF[target]} FROM {_SOURCE[target]}) LIMIT 1")
+        if row:
+            raise ExchangeError(f"{history.path(table)}: column {column!r} names {row[0]}, "
+                                f"which {target}.parquet does not hold")
+    row = _first(con, f"SELECT s.run_id FROM {_SOURCE['runs']} s JOIN {_SOURCE['commits']} c"
+                      " ON c.commit_id = s.commit_id WHERE s.repo_id IS DISTINCT FROM c.repo_id LIMIT 1")
+    if row:
+        raise ExchangeError(f"{history.path('runs')}: run {row[0]}'s commit_id names a commit of another repo_id")
+
+
+def _is_under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def verify_trace_files(trace_root, trace_digests, roots: tuple[str, ...]) -> bool:
+    """Whether a merged run's trace references can be offered here: its directory lies under one of
+    `roots` and is reached through no symbolic link, and each file it names is a plain name there,
+    a regular file (no link), of the recorded size and sha256 (hashed now, on this machine)."""
+    if not isinstance(trace_root, str) or not trace_digests or not os.path.isabs(trace_root):
+        return False
+    if os.path.realpath(trace_root) != trace_root or not _is_under(trace_root, roots):
+        return False
+    for entry in trace_digests:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+            return False
+        path = os.path.join(trace_root, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != entry.get("bytes"):
+                return False
+            digest = hashlib.sha256()
+            for block in iter(lambda: os.read(fd, 1 << 20), b""):
+                digest.update(block)
+        finally:
+            os.close(fd)
+        if digest.hexdigest() != entry.get("sha256"):
+            return False
+    return True
+
+
+def _keep_verified_traces(tables: dict, checks: MergeChecks) -> list[int]:
+    """Empty the trace references (trace_root, trace_digests) of every run whose traces do not
+    verify here (verify_trace_files); returns the export's ids of those runs. A reference that names no
+    file (an export of a version before 4) stays empty and is not counted."""
+    import pyarrow as pa
+
+    runs = tables["runs"]
+    roots, digests = runs.column("trace_root").to_pylist(), runs.column("trace_digests").to_pylist()
+    kept = [root is not None and verify_trace_files(root, json.loads(d) if d else None, checks.trace_roots)
+            for root, d in zip(roots, digests)]
+    dropped = [run_id for run_id, root, keep in zip(runs.column("run_id").to_pylist(), roots, kept)
+               if root is not None and not keep]
+    runs = runs.set_column(runs.column_names.index("trace_root"), "trace_root",
+                           pa.array([r if k else None for r, k in zip(roots, kept)], pa.string()))
+    runs = runs.set_column(runs.column_names.index("trace_digests"), "trace_digests",
+                           pa.array([d if k else None for d, k in zip(digests, kept)], pa.string()))
+    tables["runs"] = runs
+    return dropped
+
+
+def check_history(history: History, checks: MergeChecks) -> CheckedHistory:
+    """Check every row of a read export as import checks what it writes (MergeChecks), before any
+    database is opened: the first bad row is an ExchangeError naming the file, the row and the
+    field. The trace references of a run are kept only where they verify here (verify_trace_files)."""
+    load_arrow_scans()
+    _check_sizes(history, checks)
+    tables = _load_tables(history)
+    con = _schema_connection()
+    try:
+        for table, data in tables.items():
+            con.register(_SOURCE[table], data)
+        _check_rows(con, history, checks)
+    except duckdb.Error as e:
+        raise ExchangeError(f"{history.directory}: {str(e).splitlines()[0]}") from None
+    finally:
+        con.close()
+    dropped = _keep_verified_traces(tables, checks)
+    return CheckedHistory(history, tables, dropped)
 
 
 # -- merge ----------------------------------------------------------------------------------
-def merge_history(store: Store, history: History) -> MergeResult:
-    """Add what the export holds and this database lacks, in one transaction (read_history
-    first). Returns what was added, and the series whose changes must be detected again: those
-    with a new run, or with a run at a commit that took facts it lacked."""
+def merge_history(store: Store, checked: CheckedHistory) -> MergeResult:
+    """Add what the export holds and this database lacks, in one transaction (read_history and
+    check_history first: every row is checked before this opens a transaction, so bad input
+    leaves the file as it was). Returns what was added, and the series whose changes must be
+    detected again: those with a new run, or with a run at a commit that took facts it lacked."""
+    load_arrow_scans()
+    history = checked.history
     con = store.con
     result = MergeResult()
     current = str(history.directory)  # the file each statement reads, for its error
+    for table, data in checked.tables.items():
+        con.register(_SOURCE[table], data)
     con.execute("BEGIN TRANSACTION")
     try:
-        _check_references(con, history)
         current = history.path("repos")
         result.repos_added = len(con.execute(
-            "INSERT INTO repos (name, url) SELECT s.name, s.url FROM read_parquet(?) s"
-            " WHERE s.name NOT IN (SELECT name FROM repos) ORDER BY s.repo_id RETURNING repo_id",
-            [current]).fetchall())
-        con.execute("UPDATE repos SET url = s.url FROM read_parquet(?) s"
-                    " WHERE repos.name = s.name AND repos.url IS NULL AND s.url IS NOT NULL", [current])
+            f"INSERT INTO repos (name, url) SELECT s.name, s.url FROM {_SOURCE['repos']} s"
+            " WHERE s.name NOT IN (SELECT name FROM repos) ORDER BY s.repo_id RETURNING repo_id").fetchall())
+        con.execute(f"UPDATE repos SET url = s.url FROM {_SOURCE['repos']} s"
+                    " WHERE repos.name = s.name AND repos.url IS NULL AND s.url IS NOT NULL")
         current = history.path("commits")
         completed = _merge_commits(con, history, result)
         current = history.path("runs")
-        run_map = _merge_runs(con, history, result)
+        run_map = _merge_runs(con, checked, result)
         for table in RUN_TABLES:
             current = history.path(table)
-            names = [c for c, _ in format_columns(table, history.version)]
+            names = [c for c, _ in TABLES[table]]
             result.rows_added[table] = con.execute(
                 f"INSERT INTO {table} ({', '.join(names)}) SELECT m.run_id, {', '.join('s.' + c for c in names[1:])}"
-                " FROM read_parquet(?) s JOIN (SELECT unnest(?::INTEGER[]) AS source_id,"
+                f" FROM {_SOURCE[table]} s JOIN (SELECT unnest(?::INTEGER[]) AS source_id,"
                 " unnest(?::INTEGER[]) AS run_id) m ON m.source_id = s.run_id",
-                [current, list(run_map), list(run_map.values())]).fetchone()[0]
+                [list(run_map), list(run_map.values())]).fetchone()[0]
         result.series = _touched_series(con, list(run_map.values()), completed)
         con.execute("COMMIT")
     except duckdb.Error as e:
@@ -354,49 +634,29 @@ def merge_history(store: Store, history: History) -> MergeResult:
     except BaseException:
         con.execute("ROLLBACK")
         raise
+    finally:
+        for table in checked.tables:
+            con.unregister(_SOURCE[table])
     return result
 
 
-def _check_references(con: duckdb.DuckDBPyConnection, history: History) -> None:
-    """Keys unique within the export, and every id a row names held by the table it names."""
-    for table, key in _UNIQUE:
-        row = con.execute(f"SELECT {key} FROM read_parquet(?) GROUP BY ALL HAVING count(*) > 1 LIMIT 1",
-                          [history.path(table)]).fetchone()
-        if row:
-            raise ExchangeError(f"{history.path(table)}: {key} {', '.join(map(str, row))} occurs more than once")
-    for table, column, target in _NAMES:
-        row = con.execute(
-            f"SELECT s.{column} FROM read_parquet(?) s WHERE s.{column} IS NOT NULL"
-            f" AND s.{column} NOT IN (SELECT {_ID_OF[target]} FROM read_parquet(?)) LIMIT 1",
-            [history.path(table), history.path(target)]).fetchone()
-        if row:
-            raise ExchangeError(f"{history.path(table)}: column {column!r} names {row[0]}, "
-                                f"which {target}.parquet does not hold")
-    row = con.execute("SELECT s.run_id FROM read_parquet(?) s JOIN read_parquet(?) c ON c.commit_id = s.commit_id"
-                      " WHERE s.repo_id IS DISTINCT FROM c.repo_id LIMIT 1",
-                      [history.path("runs"), history.path("commits")]).fetchone()
-    if row:
-        raise ExchangeError(f"{history.path('runs')}: run {row[0]}'s commit_id names a commit of another repo_id")
-
-
 # the export's commits with this database's repo ids (every repo is here once repos are merged);
-# parameters: the repo ids here whose seq is not taken, the commits' file, the repos' file
+# parameter: the repo ids here whose seq is not taken
 _SOURCE_COMMITS = ("(SELECT t.repo_id, c.commit_id AS source_id, c.sha, c.committed_at, c.author, c.subject,"
                    " CASE WHEN list_contains(?::INTEGER[], t.repo_id) THEN NULL ELSE c.seq END AS seq"
-                   " FROM read_parquet(?) c JOIN read_parquet(?) r ON r.repo_id = c.repo_id"
+                   f" FROM {_SOURCE['commits']} c JOIN {_SOURCE['repos']} r ON r.repo_id = c.repo_id"
                    " JOIN repos t ON t.name = r.name)")
 
 
 def _merge_commits(con: duckdb.DuckDBPyConnection, history: History, result: MergeResult) -> list[int]:
     """Complete the commits both know, add the new ones; returns the ids of the commits here that
     took facts they lacked (a seq or a date moves them along their series)."""
-    files = [history.path("commits"), history.path("repos")]
     disagree = con.execute(
         f"SELECT p.repo_id, p.name, count(*) FROM {_SOURCE_COMMITS} s"
         " JOIN commits t ON t.repo_id = s.repo_id AND t.sha = s.sha JOIN repos p ON p.repo_id = t.repo_id"
-        " WHERE s.seq <> t.seq GROUP BY ALL ORDER BY p.name", [[]] + files).fetchall()
+        " WHERE s.seq <> t.seq GROUP BY ALL ORDER BY p.name", [[]]).fetchall()
     result.order_kept = {name: n for _, name, n in disagree}
-    source = [[repo_id for repo_id, _, _ in disagree]] + files  # those repos' seqs stay this database's alone
+    source = [[repo_id for repo_id, _, _ in disagree]]  # those repos' seqs stay this database's alone
     completed = [commit_id for (commit_id,) in con.execute(
         "UPDATE commits SET committed_at = coalesce(commits.committed_at, s.committed_at),"
         " author = coalesce(commits.author, s.author), subject = coalesce(commits.subject, s.subject),"
@@ -416,28 +676,29 @@ def _merge_commits(con: duckdb.DuckDBPyConnection, history: History, result: Mer
     return completed
 
 
-def _merge_runs(con: duckdb.DuckDBPyConnection, history: History, result: MergeResult) -> dict[int, int]:
+def _merge_runs(con: duckdb.DuckDBPyConnection, checked: CheckedHistory, result: MergeResult) -> dict[int, int]:
     """Add the runs whose content hash is new here, with fresh ids in the export's order and
     their repo and commit ids here; returns {export's run id: run id here}."""
-    runs = history.path("runs")
+    runs = _SOURCE["runs"]
     new = [run_id for (run_id,) in con.execute(
-        "SELECT run_id FROM read_parquet(?) WHERE content_hash NOT IN (SELECT content_hash FROM runs)"
-        " ORDER BY run_id", [runs]).fetchall()]
-    result.runs_added, result.runs_present = len(new), history.manifest["tables"]["runs"]["rows"] - len(new)
+        f"SELECT run_id FROM {runs} WHERE content_hash NOT IN (SELECT content_hash FROM runs)"
+        " ORDER BY run_id").fetchall()]
+    result.runs_added, result.runs_present = len(new), checked.history.manifest["tables"]["runs"]["rows"] - len(new)
     if not new:
         return {}
+    result.traces_dropped = len(set(new) & set(checked.traces_dropped))
     ids = sorted(i for (i,) in con.execute("SELECT nextval('run_id_seq') FROM range(?)", [len(new)]).fetchall())
     run_map = dict(zip(new, ids))
-    names = [c for c, _ in format_columns("runs", history.version)]
+    names = [c for c, _ in TABLES["runs"]]
     con.execute(
         f"INSERT INTO runs ({', '.join(names)})"
         f" SELECT m.run_id, s.content_hash, tr.repo_id, tc.commit_id, {', '.join('s.' + c for c in names[4:])}"
-        " FROM read_parquet(?) s JOIN (SELECT unnest(?::INTEGER[]) AS source_id, unnest(?::INTEGER[]) AS run_id) m"
+        f" FROM {runs} s JOIN (SELECT unnest(?::INTEGER[]) AS source_id, unnest(?::INTEGER[]) AS run_id) m"
         " ON m.source_id = s.run_id"
-        " LEFT JOIN read_parquet(?) sr ON sr.repo_id = s.repo_id LEFT JOIN repos tr ON tr.name = sr.name"
-        " LEFT JOIN read_parquet(?) sc ON sc.commit_id = s.commit_id"
+        f" LEFT JOIN {_SOURCE['repos']} sr ON sr.repo_id = s.repo_id LEFT JOIN repos tr ON tr.name = sr.name"
+        f" LEFT JOIN {_SOURCE['commits']} sc ON sc.commit_id = s.commit_id"
         " LEFT JOIN commits tc ON tc.repo_id = tr.repo_id AND tc.sha = sc.sha ORDER BY m.run_id",
-        [runs, new, ids, history.path("repos"), history.path("commits")])
+        [new, ids])
     return run_map
 
 

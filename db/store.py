@@ -72,6 +72,10 @@ class RunRecord:
     patterns: dict | None = None  # the pattern catalog's findings (ingest/regress/patterns.py)
     graph_attribution: dict | None = None  # how graph kernels were attributed (ingest/traces/graph_attribution.py)
     roofline: dict | None = None  # the device ceilings the kernels' roofline fractions are of (devices.toml)
+    # the traces the dashboard may serve (migration 013): their directory, resolved, and each one's
+    # {"name", "bytes", "sha256"} (None: none is offered)
+    trace_root: str | None = None
+    trace_digests: list | None = None
 
 
 RunTables = dict  # "steps", "cats", "kernels" and maybe "ranks": each a dict of NumPy columns (or an Arrow table)
@@ -325,8 +329,8 @@ class Store:
                 " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
                 " source_path, manifest, workload_key, batch_size, timing_ms_median, timing_ms_p10,"
                 " timing_ms_p90, job_id, diagnosis, notes, timeline, consistency, patterns, graph_attribution,"
-                " roofline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?, ?, ?, ?)"
+                " roofline, trace_root, trace_digests) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " RETURNING run_id",
                 [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
                  json.dumps(rec.workload) if rec.workload is not None else None,
@@ -339,7 +343,8 @@ class Store:
                  json.dumps(rec.diagnosis) if rec.diagnosis is not None else None,
                  json.dumps(rec.notes) if rec.notes else None,
                  *(json.dumps(v) if v is not None else None
-                   for v in (rec.timeline, rec.consistency, rec.patterns, rec.graph_attribution, rec.roofline))],
+                   for v in (rec.timeline, rec.consistency, rec.patterns, rec.graph_attribution, rec.roofline)),
+                 rec.trace_root, json.dumps(rec.trace_digests) if rec.trace_digests is not None else None],
             ).fetchone()[0]
             for name, table in tables.items():
                 con.register(f"new_{name}", table)
@@ -408,6 +413,7 @@ class Store:
         " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
         " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
         " r.diagnosis, r.notes, r.timeline, r.consistency, r.patterns, r.graph_attribution, r.roofline,"
+        " r.trace_root, r.trace_digests,"
         " (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
         " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id LEFT JOIN commits c ON c.commit_id = r.commit_id")
 
@@ -419,7 +425,7 @@ class Store:
             run = dict(zip(names, row))
             for field, empty in (("workload", None), ("trace_files", None), ("diagnosis", []), ("notes", []),
                                  ("timeline", None), ("consistency", None), ("patterns", None),
-                                 ("graph_attribution", None), ("roofline", None)):
+                                 ("graph_attribution", None), ("roofline", None), ("trace_digests", None)):
                 run[field] = json.loads(run[field]) if run[field] else empty
             runs.append(run)
         return runs
@@ -433,7 +439,9 @@ class Store:
         import checked: `timeline` (figures), `consistency` and `patterns` (None for runs imported
         before these were), `graph_attribution` (how its graph kernels were attributed; None
         when no mapping trace was given) and `roofline` (the device ceilings its kernels' roofline
-        fractions are of; None for an unknown device). None when there is no such run (or no run id)."""
+        fractions are of; None for an unknown device), `trace_root` and `trace_digests` (the traces the
+        dashboard may serve: app/traces.py; None when none was recorded). None when there is no such
+        run (or no run id)."""
         if run_id is None:
             return None
         runs = self._run_rows(self.con.execute(self._RUN_SELECT + " WHERE r.run_id = ?", [run_id]))

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     wrk = sub.add_parser("worker", help="take queued jobs one at a time and run them")
     wrk.add_argument("--db", default=DEFAULT_DB)
     wrk.add_argument("--config", metavar="FILE", default=os.environ.get("STEPWATCH_CONFIG"),
-                     help="hosts, repos and patch sets (TOML); default $STEPWATCH_CONFIG")
+                     help="hosts, repos, patch sets and import roots (TOML); default $STEPWATCH_CONFIG")
     wrk.add_argument("--poll-s", type=_positive_float, default=1.0)
     wrk.add_argument("--exit-when-idle", action="store_true", help="stop when the queue is empty")
     wrk.add_argument("--max-attempts", type=_positive_int, default=MAX_ATTEMPTS, metavar="N",
@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--ray-gpus", type=_positive_int, metavar="N", help="with --ray local: GPUs the cluster declares")
 
     bf = sub.add_parser("backfill", help="queue runs along a repository's first-parent history")
-    bf.add_argument("--repo", required=True, metavar="NAME_OR_PATH",
-                    help="a repo from the config's [repos], or the path of a git checkout on this machine")
+    bf.add_argument("--repo", required=True, metavar="NAME",
+                    help="a repo from the config's [repos], or stepwatch (this checkout; reference engine)")
     bf.add_argument("--range", required=True, dest="range_spec", metavar="A..B")
     bf.add_argument("--every", type=_positive_int, default=1, metavar="K", help="every K-th commit (B always)")
     bf.add_argument("--variants", default="unpatched", help="comma-separated variants (patch sets)")
@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     chk = sub.add_parser("check", help="changes over a commit range, as Markdown (for CI)")
     chk.add_argument("--range", required=True, dest="range_spec", metavar="A..B")
-    chk.add_argument("--repo", default="stepwatch", metavar="NAME_OR_PATH",
-                     help="the repository (a config [repos] name, a checkout path, or stepwatch)")
+    chk.add_argument("--repo", default="stepwatch", metavar="NAME",
+                     help="the repository (a config [repos] name, or stepwatch)")
     chk.add_argument("--repo-path", metavar="PATH", help="the checkout of --repo NAME, when the config does not name it")
     chk.add_argument("--db", default=DEFAULT_DB)
     chk.add_argument("--config", metavar="FILE", default=os.environ.get("STEPWATCH_CONFIG"))
@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     mrg = sub.add_parser("merge", help="add an export's runs to the database (runs already here are skipped)")
     mrg.add_argument("directory", metavar="DIR", help="a directory written by `python -m ingest export`")
     mrg.add_argument("--db", default=DEFAULT_DB)
+    mrg.add_argument("--config", metavar="FILE", default=os.environ.get("STEPWATCH_CONFIG"),
+                     help="its [imports] roots: directories a merged run's traces may be offered from (beside "
+                          "the database's kept bundles), once verified there")
     return p
 
 
@@ -170,19 +173,19 @@ def _add_spec_arguments(p: argparse.ArgumentParser, with_repo: bool = True) -> N
     p.add_argument("spec_file", nargs="?", metavar="SPEC_FILE", help="a run spec (TOML or JSON); flags override")
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--config", metavar="FILE", default=os.environ.get("STEPWATCH_CONFIG"),
-                   help="hosts, repos and patch sets (TOML); default $STEPWATCH_CONFIG")
+                   help="hosts, repos, patch sets and import roots (TOML); default $STEPWATCH_CONFIG")
     p.add_argument("--engine", choices=ENGINES)
     p.add_argument("--host")
     p.add_argument("--device", choices=DEVICES)
     if with_repo:
         p.add_argument("--repo")
-        p.add_argument("--repo-path", help="a git checkout on the host, for a repo the config does not name")
+        p.add_argument("--repo-path", help="the checkout of --repo on the host: the config's own for that repo")
         p.add_argument("--ref", help="commit, tag or branch (resolved to a full sha)")
         p.add_argument("--variant")
     p.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
                    help="run each job N times, each its own run (default 1): repeats give the run-to-run spread "
                         "verdicts need; backfill queues them in rounds over all commits (interleaved)")
-    p.add_argument("--path", help="import engine: a trace, directory or bundle")
+    p.add_argument("--path", help="import engine: a trace, directory or bundle under the config's [imports] roots")
     p.add_argument("--timeout-s", type=_positive_float)
     p.add_argument("--preset")
     p.add_argument("--kv")

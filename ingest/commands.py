@@ -138,7 +138,8 @@ def run_backfill(args) -> int:
     host = make_host_for(config, args.host or "local")
     repo_name, repo_path = locate_repo(args.repo, config, args.host or "local")
     if repo_path is None:
-        raise SpecError(f"--repo {args.repo}: not in the config's [repos] and not a checkout on this machine")
+        raise SpecError(f"--repo {args.repo}: not in the config's [repos] ({config.source or 'no config file'}): "
+                        "stepwatch runs code only from the repositories the config names, or its own checkout")
     commits = list_first_parent(host, repo_path, args.range_spec, args.every)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     base = _spec_body(args)
@@ -268,7 +269,8 @@ def run_check(args) -> int:
     config = load_config(args.config)
     name, path = locate_repo(args.repo, config, repo_path=args.repo_path)
     if path is None:
-        raise SpecError(f"--repo {args.repo}: not in the config's [repos] and not a checkout on this machine")
+        raise SpecError(f"--repo {args.repo}: not in the config's [repos] ({config.source or 'no config file'}); "
+                        "give its checkout with --repo-path")
     if ".." not in args.range_spec:
         raise SpecError(f"--range {args.range_spec!r}: expected A..B")
     start, _, end = args.range_spec.partition("..")
@@ -344,14 +346,36 @@ def run_export(args) -> int:
     return 0
 
 
-def run_merge(args) -> int:
-    from db.exchange import merge_history, read_history
+def make_merge_checks(trace_roots: tuple[str, ...] = ()):
+    """What `ingest merge` checks each row of an export against (db.exchange.MergeChecks): the
+    bundle's label rule, the importer's series key, the limits of ingest/limits.py, and the
+    directories a merged run's traces may be offered from (verified there, file by file)."""
+    from db.exchange import MergeChecks
+    from kernels.bundle import LABEL, LABEL_RULE, MAX_LABEL_CHARS
 
+    from .limits import MERGE_MAX_JSON_CHARS, MERGE_MAX_RUN_ROWS, MERGE_MAX_TABLE_ROWS, MERGE_MAX_TEXT_CHARS
+    from .traces.importer import find_workload_key
+
+    return MergeChecks(label_pattern=LABEL.pattern, label_rule=LABEL_RULE, max_label_chars=MAX_LABEL_CHARS,
+                       max_table_rows=MERGE_MAX_TABLE_ROWS, max_run_rows=MERGE_MAX_RUN_ROWS,
+                       max_text_chars=MERGE_MAX_TEXT_CHARS, max_json_chars=MERGE_MAX_JSON_CHARS,
+                       workload_key_of=find_workload_key, trace_roots=tuple(trace_roots))
+
+
+def run_merge(args) -> int:
+    from db.exchange import check_history, merge_history, read_history
+
+    from .runs.spec import load_config
+    from .runs.survival import bundles_dir
     from .runs.track import follow_series
 
+    config = load_config(args.config)
+    # a merged run's traces are offered only from this database's kept bundles or the config's import roots
+    roots = (os.path.realpath(bundles_dir(args.db)), *config.import_roots)
     history = read_history(args.directory)  # every file checked before the database is opened
+    checked = check_history(history, make_merge_checks(roots))  # ... and every row
     with open_db(args.db) as store:
-        result = merge_history(store, history)
+        result = merge_history(store, checked)
     from .regress.report import is_confirmed
 
     found = [r for series in result.series for r in follow_series(args.db, series)]  # as after a job

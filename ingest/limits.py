@@ -32,3 +32,12 @@ MAX_ATTEMPTS = 2  # a job's attempts when its worker dies: one retry (ingest/run
 # An import draws a progress bar on a terminal only once it has run this long (short ones stay
 # silent); STEPWATCH_PROGRESS_AFTER_S overrides it (ingest/traces/progress.py)
 PROGRESS_AFTER_S = 2.0
+
+# What `ingest merge` takes from an export (db/exchange.py MergeChecks; each refusal names its limit).
+# A merge holds the export's tables in memory while it checks them: a table of 5 M kernel rows is
+# ~1.5 GB. A run's rows in one table: 64 ranks x 1,000 profiled steps x 15 categories is 960 k
+# step_categories rows, the most a run made by `ingest run` can have (WORKLOAD_MAXIMA).
+MERGE_MAX_TABLE_ROWS = 5_000_000  # rows of one table of an export; merge a larger history in parts (--repo)
+MERGE_MAX_RUN_ROWS = 1_000_000  # rows of one run in one table (steps, step_categories, kernel_stats, rank_stats)
+MERGE_MAX_TEXT_CHARS = 65_536  # a text field (a kernel's name: as ReadLimits.max_name_chars)
+MERGE_MAX_JSON_CHARS = 1 << 20  # a JSON field (a workload, a manifest, notes, a diagnosis)

@@ -469,7 +469,7 @@ if HAS_TRITON:
     @triton.jit
     def _index_pages_kernel(
         table_ptr,
-        seq_lens_ptr,
+        ends_ptr,
         flat_ptr,
         count_ptr,
         table_out_ptr,
@@ -479,46 +479,51 @@ if HAS_TRITON:
         table_out_stride,
         capacity,
         PAGE: tl.constexpr,
-        BS_BLOCK: tl.constexpr,
+        ZERO_TAIL: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         """The compacted page plan of request b = program_id(0) (axis 1 splits its pages).
 
         Request b reads pages table[b, :np_b], np_b = min(cdiv(seq_lens[b], PAGE), width);
-        start_b is the sum of np over the requests before b, total the sum over all of them.
+        ends[b] = np_0 + ... + np_b (the launcher's cumsum), so start_b = ends[b - 1] and
+        total = ends[bs - 1]: each program reads two or three lengths, not all bs of them.
         Program (0, 0) writes total to count[0].
         total <= capacity: flat[start_b + j] = table[b, j] and table_out[b, j] = start_b + j,
         for _gather_live_kernel to cast flat's pages into the front of out.
         total > capacity: table_out[b, j] = table[b, j] (flat is not written), and
         _gather_live_kernel casts the whole pool at its own positions (out is pool-shaped).
-        Entries j >= np_b of table_out are not touched. The plan depends on the table and the
-        lengths only, not on a layer's pool: one plan serves every layer of a forward.
+        Entries j >= np_b of table_out: ZERO_TAIL writes 0 there (SGLang's rule for a fresh,
+        torch.empty table: the tail points at page 0, its padding page), otherwise they are not
+        touched (a caller-owned table refreshed in place keeps what it had). The plan depends on
+        the table and the lengths only, not on a layer's pool: one plan serves every layer.
         """
         b = tl.program_id(0)
         part = tl.program_id(1)
         parts = tl.num_programs(1)
-        offs = tl.arange(0, BS_BLOCK)
-        lens = tl.load(seq_lens_ptr + offs, mask=offs < bs, other=0).to(tl.int64)
-        pages = tl.minimum(tl.maximum((lens + PAGE - 1) // PAGE, 0), width)
-        total = tl.sum(pages, axis=0)
-        start = tl.sum(tl.where(offs < b, pages, 0), axis=0)
-        n_b = tl.sum(tl.where(offs == b, pages, 0), axis=0)
+        end = tl.load(ends_ptr + b)
+        start = tl.where(b > 0, tl.load(ends_ptr + tl.maximum(b - 1, 0)), 0)
+        total = tl.load(ends_ptr + bs - 1)
+        n_b = end - start
         if (b == 0) & (part == 0):
             tl.store(count_ptr, total)
         row = table_ptr + b.to(tl.int64) * table_stride
         row_out = table_out_ptr + b.to(tl.int64) * table_out_stride
         blk = part.to(tl.int64)
-        n_blocks = tl.cdiv(n_b, BLOCK)
+        if ZERO_TAIL:
+            n_blocks = tl.cdiv(width, BLOCK)
+        else:
+            n_blocks = tl.cdiv(n_b, BLOCK)
         compact = total <= capacity
         while blk < n_blocks:
             j = blk * BLOCK + tl.arange(0, BLOCK)
-            mask = j < n_b
-            page = tl.load(row + j, mask=mask)
+            live = j < n_b
+            written = (j < width) if ZERO_TAIL else live
+            page = tl.load(row + j, mask=live, other=0)
             if compact:
-                tl.store(flat_ptr + start + j, page, mask=mask)
-                tl.store(row_out + j, start + j, mask=mask)
+                tl.store(flat_ptr + start + j, page, mask=live)
+                tl.store(row_out + j, tl.where(live, start + j, 0), mask=written)
             else:
-                tl.store(row_out + j, page, mask=mask)
+                tl.store(row_out + j, page, mask=written)
             blk += parts
 
 
@@ -594,14 +599,17 @@ def _launch_copy_live(src, count, dst) -> None:
     _copy_live_kernel[grid](src, count, dst, n_max, BLOCK=block, num_warps=4)
 
 
-def _launch_index_pages(table, seq_lens, flat, count, table_out, capacity: int, page: int) -> None:
-    """Launch _index_pages_kernel: grid (requests, SPLIT), fixed by the table's shape."""
+def _launch_index_pages(table, seq_lens, flat, count, table_out, capacity: int, page: int,
+                        zero_tail: bool = False) -> None:
+    """Launch _index_pages_kernel: grid (requests, SPLIT), fixed by the table's shape; one compiled
+    kernel whatever bs (the pages' running sum comes in, three small torch ops, no host sync)."""
     cfg = PAGE_INDEX_CONFIG
     bs, width = table.shape
     split = cfg["SPLIT"] if table.is_cuda else 2
+    ends = torch.cumsum(torch.clamp((seq_lens[:bs].to(torch.int64) + (page - 1)) // page, 0, width), 0)
     _index_pages_kernel[(bs, split)](
         table,
-        seq_lens,
+        ends,
         flat,
         count,
         table_out,
@@ -611,7 +619,7 @@ def _launch_index_pages(table, seq_lens, flat, count, table_out, capacity: int, 
         table_out.stride(0),
         capacity,
         PAGE=page,
-        BS_BLOCK=max(16, triton.next_power_of_2(bs)),
+        ZERO_TAIL=zero_tail,
         BLOCK=cfg["BLOCK"],
         num_warps=cfg["num_warps"],
     )
@@ -764,6 +772,7 @@ def plan_live_pages(
     count: torch.Tensor,
     table_out: torch.Tensor,
     *,
+    zero_tail: bool = False,
     backend: str = "auto",
 ) -> None:
     """The compacted page plan of a paged attention call: one launch, no host sync.
@@ -772,7 +781,8 @@ def plan_live_pages(
     count[0] = total = sum(np_b). total <= capacity: flat[start_b + j] = page_table[b, j] and
     table_out[b, j] = start_b + j (start_b: the pages of the requests before b); otherwise
     table_out[b, j] = page_table[b, j] and flat is not written. Entries j >= np_b of table_out are
-    not touched. The plan reads the table and the lengths only, so every layer of a forward can
+    set to 0 with zero_tail (SGLang's rule for a fresh torch.empty table: page 0 is its padding
+    page), otherwise not touched (a caller-owned table refreshed in place). The plan reads the table and the lengths only, so every layer of a forward can
     share it (gather_cast_planned_pages casts a layer's pages with it); `capacity` must be the
     gather's, min(out pages, pool pages).
 
@@ -794,7 +804,7 @@ def plan_live_pages(
         count.fill_(0)
         return
     if _use_triton(page_table, backend):
-        _launch_index_pages(page_table, seq_lens, flat, count, table_out, capacity, page_size)
+        _launch_index_pages(page_table, seq_lens, flat, count, table_out, capacity, page_size, zero_tail)
         return
     pages = _live_pages(page_table, seq_lens, page_size)
     total = sum(pages)
@@ -806,6 +816,8 @@ def plan_live_pages(
             table_out[b, :n_b] = torch.arange(start, start + n_b, dtype=torch.int32, device=dev)
         else:
             table_out[b, :n_b] = page_table[b, :n_b]
+        if zero_tail:
+            table_out[b, n_b:] = 0
         start += n_b
 
 

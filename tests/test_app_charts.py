@@ -3,7 +3,7 @@ filter, trace files for Perfetto, and the form's plan of jobs. Frames come from 
 fixture database, so the charts are checked on the data they will draw."""
 
 import ast
-import json
+import hashlib
 import math
 import subprocess
 
@@ -19,8 +19,7 @@ from app.traces import list_trace_files
 from db import views
 from db.store import open_db
 from ingest.runs.errors import SpecError
-from ingest.runs.expand import expand_range
-from ingest.runs.spec import Config, parse_job_spec
+from ingest.runs.spec import Config
 from tests.dashboard_fixture import SAMPLES, find_run_id
 
 
@@ -162,10 +161,14 @@ def test_filter_rows_is_plain_text_and_case_insensitive():
 
 
 def test_trace_files_for_perfetto(tmp_path):
-    bundle = SAMPLES / "3bee539-glm5-fused-graph"
-    assert list_trace_files(str(bundle), ["trace.json.gz"]) == [bundle / "trace.json.gz"]
-    assert list_trace_files(str(bundle), None) == [bundle / "trace.json.gz"]  # manifest and key averages left out
-    assert list_trace_files(str(tmp_path / "gone.json"), None) == []
+    bundle = (SAMPLES / "3bee539-glm5-fused-graph").resolve()
+    trace = bundle / "trace.json.gz"
+    size, sha256 = trace.stat().st_size, hashlib.sha256(trace.read_bytes()).hexdigest()
+    found, gone = list_trace_files(str(bundle), [{"name": "trace.json.gz", "bytes": size, "sha256": sha256}])
+    assert [(t.path, t.size_bytes, t.sha256) for t in found] == [(trace, size, sha256)] and gone == []
+    assert list_trace_files(str(bundle), None)[0] == []  # nothing recorded at import: nothing served
+    assert list_trace_files(str(tmp_path), [{"name": "gone.json", "bytes": 1, "sha256": "0" * 64}]) == (
+        [], [f"gone.json is no longer in {tmp_path}"])
 
 
 def test_form_plans_one_job_per_variant_and_mode():
@@ -186,19 +189,6 @@ def test_form_plans_one_job_per_variant_and_mode():
 def test_form_refuses_with_the_first_bad_field(form, reason):
     with pytest.raises(SpecError, match=reason.replace("(", r"\(").replace(".", r"\.")):
         plan_jobs(form, Config())
-
-
-def test_form_takes_a_checkout_path_as_the_repo(tmp_path):
-    """A repo the config does not name may be a checkout's path on this machine: the form does not
-    look (it touches no checkout); its one job is expanded by the worker, which does."""
-    checkout = tmp_path / "sglang-fork"
-    checkout.mkdir()
-    form = FormInput("reference", repo=str(checkout), commits="v1.2", variants=("fused",), workload={"preset": "tiny"})
-    plan = plan_jobs(form, Config())
-    assert plan.specs == [] and plan.expand.repo == str(checkout) and plan.expand.commits == "v1.2"
-    assert plan.batch == "form reference v1.2"
-    spec = expand_range(parse_job_spec(json.loads(plan.jobs[0][0])), Config()).specs[0]
-    assert (spec.repo, spec.repo_path, spec.ref, spec.workload.kv) == ("sglang-fork", str(checkout), "v1.2", "fused")
 
 
 def test_trend_chart_marks_the_first_bad_commit_of_each_change(dashboard_db):

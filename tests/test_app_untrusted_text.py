@@ -173,7 +173,8 @@ def _hostile_run(record, mark, job_id=None):
     record = dataclasses.replace(record, repo=mark("repo"), variant=mark("variant"), engine=mark("engine"),
                                  device_name=mark("device"), workload=workload,
                                  workload_key=find_workload_key(workload), kernel_stats=kernels,
-                                 notes=[*(record.notes or []), mark("note")], source_path=mark("path"), job_id=job_id)
+                                 notes=[*(record.notes or []), mark("note")], source_path=mark("path"),
+                                 trace_root=mark("path"), job_id=job_id)
     return dataclasses.replace(record, diagnosis=diagnose_record(record))
 
 
@@ -328,7 +329,7 @@ def hostile_dashboard(trap, tmp_path_factory):
 # the page's last elements (case-sensitive: "First bad commit" is not the caption's "first bad commit")
 BROWSER_PAGES = {
     "trends": ("/", [("runs at 2 commits", 1), ("Every run in the database measured a commit.", 1)]),
-    "run": ("/run?run={b}", [("Log of job 1", 1), ("is no longer on this machine", 1)]),
+    "run": ("/run?run={b}", [("Log of job 1", 1), ("Trace no longer available", 1)]),
     "compare": ("/compare?a={a}&b={b}&by=runs", [("Confirmed at", 2),
                                                   ("kernels (matched by name and launcher op)", 1)]),
     "compare-commits": ("/compare?a={a}&b={b}&by=commits", [("Every variant at both commits", 1),

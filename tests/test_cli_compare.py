@@ -107,8 +107,11 @@ def test_run_and_backfill_take_a_repeat_count(tmp_path):
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", f"c{n}")
     shas = [git(repo, "rev-parse", f"main~{k}") for k in (2, 1, 0)]
-    out = run_cli("ingest", "backfill", "--repo", str(repo), "--range", f"{shas[0]}..{shas[2]}", "--engine",
-                  "reference", "--preset", "tiny", "--device", "cpu", "--repeat", "2", "--db", str(db))
+    config = tmp_path / "stepwatch.toml"
+    config.write_text(f'[repos.demo]\npath = "{repo}"\n')
+    out = run_cli("ingest", "backfill", "--repo", "demo", "--range", f"{shas[0]}..{shas[2]}", "--engine",
+                  "reference", "--preset", "tiny", "--device", "cpu", "--repeat", "2", "--db", str(db),
+                  "--config", str(config))
     assert out.returncode == 0, out.stderr
     assert "x 2 repeats" in out.stderr
     with open_db(db, read_only=True) as store:

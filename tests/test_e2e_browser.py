@@ -194,12 +194,12 @@ def test_every_page_a_cpu_run_from_the_form_and_its_comparison(dashboard, page):
     assert cast_run and fused_run
     page.goto(f"{base}/run?run={fused_run}")
     page.get_by_text("Log of job 2 (succeeded)").wait_for()
-    page.get_by_text(re.compile(r"^(Download |The trace \()")).first.wait_for()  # the page's last element
+    page.get_by_text(re.compile(r"^(Download |Trace no longer available)")).first.wait_for()  # the page's last element
     text = _text(page)
     assert "tiny · batch 1" in text and "eager" in text and "variant fused" in text
-    # a job's bundle is offered for download while it is on disk; the worker works in a temporary
-    # directory, so today its bundle is gone once imported and the page says so in a sentence
-    assert re.search(r"Download run\d+-\w+-fused-trace\.json\.gz", text) or "is no longer on this machine" in text
+    # a job's bundle is offered for download while it is on disk, as imported (the worker keeps it
+    # beside the database); once gone or changed the page says so in a sentence
+    assert re.search(r"Download run\d+-\w+-fused-trace\.json\.gz", text) or "Trace no longer available" in text
     _shot(page, "8-run-new-cpu-run", charts=2)
 
     page.goto(f"{base}/compare?by=runs&a={cast_run}&b={fused_run}")

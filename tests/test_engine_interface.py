@@ -4,6 +4,7 @@ by the real parser; the checks run on this machine (no GPU here, so device cuda 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,12 +30,13 @@ def test_every_engine_name_has_an_engine_and_no_other():
 def test_the_import_engine_returns_the_path_and_refuses_one_gone_since_it_was_queued(tmp_path):
     trace = tmp_path / "t.json"
     trace.write_text("{}")
-    spec = parse_spec({"engine": "import", "path": str(trace)}, CONFIG)  # parsing checks it exists now
-    ENGINES["import"].check(spec, CONFIG, LOCAL)
-    assert ENGINES["import"].run(spec, CONFIG, LOCAL, Checkout(), tmp_path, EngineIO()) == trace
+    config = Config(hosts=CONFIG.hosts, import_roots=(os.path.realpath(tmp_path),))  # [imports] roots
+    spec = parse_spec({"engine": "import", "path": str(trace)}, config)  # parsing checks it exists now
+    ENGINES["import"].check(spec, config, LOCAL)
+    assert ENGINES["import"].run(spec, config, LOCAL, Checkout(), tmp_path, EngineIO()) == trace
     trace.unlink()
     with pytest.raises(SpecError, match=r"^spec.path: .*t.json does not exist on this machine$"):
-        ENGINES["import"].check(spec, CONFIG, LOCAL)
+        ENGINES["import"].check(spec, config, LOCAL)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU: nothing to refuse")

@@ -50,7 +50,7 @@ from ingest.runs.engines.sglang import (
     run_sglang,
     run_sglang_server,
 )
-from ingest.runs.errors import CommandCancelled, CommandFailed, CommandTimeout, RunError
+from ingest.runs.errors import CommandCancelled, CommandFailed, CommandTimeout, RunError, SpecError
 from ingest.runs.hosts import LocalHost
 from ingest.runs.spec import Config, HostConfig, RepoConfig, RunSpec, Workload
 from ingest.traces.categories import load_rule_chain
@@ -853,3 +853,366 @@ def _processes_of_run(base: str, within_s: float = 120.0) -> list[int]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+def _read_trace_steps(path: Path):
+    """The trace read alone, as `stepwatch import TRACE` reads it: its step spans give its steps."""
+    from ingest.traces.analyse import analyse_trace
+    from ingest.traces.trace_read import read_trace
+
+    return analyse_trace(read_trace(path), load_rule_chain())
+
+
+# One speculative decoding iteration of sglang 0.5.23's EAGLEWorkerV2 (eagle_worker_v2.py:1444-1510):
+# the step spans, under CUDA graphs (the draft's graph replays bypass ModelRunner.forward) and eager
+# (speculative_num_steps - 1 = 2 draft forwards, the verify, one draft-extend forward).
+SPEC_ITERATION = {True: ["step[VERIFY bs=2]"],
+                  False: ["step[DRAFT bs=2]", "step[DRAFT bs=2]", "step[VERIFY bs=2]", "step[DRAFT bs=2]"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
+def test_speculative_decoding_trace_reads_one_step_per_iteration(fake, tmp_path, monkeypatch, graphs):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) running EAGLE
+    speculative decoding as sglang 0.5.23 structures it: its DECODE trace has no `step[DECODE`
+    span, and each decode iteration is a `draft` stage, a `step[VERIFY ...]` forward and a
+    `draft_extend` stage (profile_utils.py:485-488, spec_utils.py:852). The reader takes one step
+    per iteration, timed from the draft stage's start to the draft-extend stage's end; main's read
+    every span as a step (eager: 12 steps for 3 iterations) or the verify forward alone."""
+    made, model, config = fake
+    monkeypatch.setenv("FAKE_SGLANG_BURST", "2")
+    extra = ("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(model),
+             "--speculative-num-steps", "3") + (() if graphs else ("--disable-cuda-graph",))
+    bundle = run_sglang_server(_spec(model, batch_size=2, output_len=6, extra_args=extra), config, RecordingHost(),
+                               sha=made.current_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert len(m.traces) == 1 and m.traces[0].endswith("-TP-0-DECODE.trace.json.gz")
+    events = _trace_events(bundle / m.traces[0])
+    assert [s["name"] for s in _step_spans(events)] == SPEC_ITERATION[graphs] * 3
+    stages = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"] in ("draft", "draft_extend")),
+                    key=lambda e: e["ts"])
+    assert [s["name"] for s in stages] == ["draft", "draft_extend"] * 3
+    expected_us = [e["ts"] + e["dur"] - d["ts"] for d, e in zip(stages[::2], stages[1::2])]
+    figures = _read_trace_steps(bundle / m.traces[0])
+    assert (figures.step_method, figures.steps) == ("span", 3)
+    assert list(figures.step_table["wall_us"]) == pytest.approx(expected_us, abs=1e-3)
+    assert figures.step_ms_median == pytest.approx(sorted(expected_us)[1] / 1e3, abs=1e-6)
+    assert any(n.startswith("SGLang speculative decoding: 3 decode iterations") for n in figures.notes)
+
+
+# --- The stand-in's server arguments and /generate, against sglang 0.5.23's -------------------
+
+@pytest.fixture(scope="module")
+def release_fake(sglang_wheel, tmp_path_factory):
+    """A stand-in SGLang checkout whose servers declare sglang 0.5.23's whole server-argument set,
+    read from the wheel at test time (tests/sglang_wheel.py read_server_flags; skips without a
+    network, as every wheel test does)."""
+    from tests.sglang_wheel import read_server_flags
+
+    root = tmp_path_factory.mktemp("fake-sglang-release-flags")
+    made = make_fake_sglang(root / "sglang", server_flags=read_server_flags(sglang_wheel))
+    model = write_model_config(root / "model", layers=2)
+    config = Config(hosts={"local": HostConfig("local", python=sys.executable)},
+                    repos={"fake": RepoConfig("fake", str(made.path))}, patches={})
+    return made, model, config
+
+
+def _parse_server_args(checkout: Path, *argv: str) -> subprocess.CompletedProcess:
+    """The stand-in's ServerArgs.add_cli_args parser on argv, as launch_server builds it."""
+    code = ("import argparse, json, sys; from sglang.srt.server_args import ServerArgs; p = argparse.ArgumentParser(); "
+            "ServerArgs.add_cli_args(p); a = ServerArgs.from_cli_args(p.parse_args(sys.argv[1:])); "
+            "print(json.dumps({k: getattr(a, k) for k in ('tp_size', 'max_total_tokens', 'disable_cuda_graph')}))")
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=checkout, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(checkout / "python")}, timeout=120)
+
+
+def test_stand_in_takes_the_release_server_flags_and_refuses_others_as_argparse_does(release_fake):
+    """The stand-in (SGLang cannot be installed here, FACTS.md section 4) declares every server flag
+    of sglang 0.5.23 (read from its fields/*.py and server_args.py): real flags main's stand-in did not
+    know pass, with SGLang's aliases, prefixes and human_readable_int values; an unknown flag, a value
+    outside a flag's choices and a non-number for a number are refused with exit 2, as argparse does."""
+    made = release_fake[0]
+    ok = _parse_server_args(made.path, "--model", "m", "--tensor-parallel-size", "2", "--mem-fraction-static", "0.8",
+                            "--cuda-graph-max-bs-decode", "16", "--chunked-prefill-size", "4096",
+                            "--enable-mixed-chunk",
+                            "--max-total-tokens", "4Ki", "--disable-cuda-graph", "--attn-dp-size", "2",
+                            "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"tp_size": 2, "max_total_tokens": 4096, "disable_cuda_graph": True}
+    for argv, message in [(("--mem-fraction-statik", "0.8"), "unrecognized arguments: --mem-fraction-statik 0.8"),
+                          (("--kv-cache-dtype", "fp8"), "argument --kv-cache-dtype: invalid choice: 'fp8'"),
+                          (("--cuda-graph-max-bs-decode", "many"),
+                           "argument --cuda-graph-max-bs-decode: invalid int value: 'many'"),
+                          # 0.5.23 has no --cuda-graph-max-bs: only its -decode and -prefill flags
+                          (("--cuda-graph-max-bs", "8"), "ambiguous option: --cuda-graph-max-bs could match"),
+                          ((), "the following arguments are required: --model-path/--model")]:
+        refused = _parse_server_args(made.path, *(("--model-path", "m") if argv else ()), *argv)
+        assert refused.returncode == 2 and message in refused.stderr, (argv, refused.stderr[-300:])
+
+
+@pytest.mark.slow
+def test_server_run_with_real_extra_args(release_fake, tmp_path):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) declaring sglang
+    0.5.23's server arguments: a spec's extra_args with real flags main's stand-in refused
+    (--mem-fraction-static, --cuda-graph-max-bs-decode, --chunked-prefill-size) run, and are in the argv."""
+    made, model, config = release_fake
+    extra = ("--mem-fraction-static", "0.8", "--cuda-graph-max-bs-decode", "8", "--chunked-prefill-size=4096")
+    bundle = run_sglang_server(_spec(model, output_len=6, extra_args=extra), config, RecordingHost(),
+                               sha=made.current_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert m.extra["argv"][-5:] == list(extra) and len(m.traces) == 1
+    assert [s["name"] for s in _step_spans(_trace_events(bundle / m.traces[0]))] == ["step[DECODE bs=1]"] * 3
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_generate_refuses_unknown_sampling_parameters_with_400(fake, tmp_path):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4): /generate
+    checks its body against sglang 0.5.23's API contract before admitting it (http_server.py:937-939,
+    api_types.py:1256-1320): an unknown sampling parameter is a 400 with serde's message; unknown
+    keys of the request itself are ignored (api_types.py:237); a valid request streams its tokens."""
+    import urllib.error
+    import urllib.request
+
+    made, model, _ = fake
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
+                               "--load-format", "dummy", "--port", str(port)], cwd=made.path,
+                              env={**os.environ, "PYTHONPATH": str(made.path / "python")},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def post(body):
+        req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5):
+                    break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "the stand-in server did not start"
+                time.sleep(0.5)
+        status, body = post({"input_ids": [1, 2, 3], "sampling_params": {"max_new_token": 4}})
+        assert status == 400
+        assert body["error"].startswith("unknown field `max_new_token`, expected one of `max_new_tokens`, `stop`, ")
+        assert post({"input_ids": [1, 2, 3], "no_such_key": 1, "sampling_params": {"max_new_tokens": 2}}) == (
+            200, {"text": "xx", "meta_info": {"prompt_tokens": 3, "completion_tokens": 2}})
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+# --- The model directory --load-format dummy still needs -------------------------------------
+
+def _one_batch(checkout: Path, model: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model),
+                           "--load-format", "dummy", "--batch-size", "1", "--input-len", "8", "--output-len", "4"],
+                          cwd=checkout, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(checkout / "python")})
+
+
+@pytest.mark.slow
+def test_stand_in_refuses_a_model_directory_without_config_or_tokenizer(fake, tmp_path):
+    """The stand-in (SGLang cannot be installed here, FACTS.md section 4) needs what sglang 0.5.23's
+    one-batch benchmark reads with --load-format dummy: config.json with a model_type
+    (ModelConfig.from_server_args, one_batch.py:332) and a tokenizer (get_tokenizer, :374-378)."""
+    made = fake[0]
+    assert _one_batch(made.path, write_model_config(tmp_path / "full")).returncode == 0
+    no_tokenizer = _one_batch(made.path, write_model_config(tmp_path / "no-tokenizer", tokenizer=False))
+    assert no_tokenizer.returncode == 1 and f"OSError: Can't load tokenizer for '{tmp_path}/no-tokenizer'" in \
+        no_tokenizer.stderr
+    untyped = write_model_config(tmp_path / "no-model-type")
+    (untyped / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    refused = _one_batch(made.path, untyped)
+    assert refused.returncode == 1 and "Should have a `model_type` key in its config.json" in refused.stderr
+
+
+@pytest.mark.parametrize("server", [False, True], ids=["one-batch", "server"])
+def test_engine_refuses_a_model_directory_sglang_cannot_load_up_front(fake, tmp_path, server):
+    """The engine says what SGLang would stop on (after minutes of start-up on a GPU host), before
+    any worktree or process: one line naming the directory and what it lacks."""
+    made, _, config = fake
+    run = run_sglang_server if server else run_sglang
+    bare = write_model_config(tmp_path / "bare", tokenizer=False)
+    host = RecordingHost()
+    with pytest.raises(RunError) as err:
+        run(_spec(bare), config, host, sha=made.current_sha, work_dir_local=tmp_path / "work")
+    assert str(err.value) == (f"workload.model_path: {bare} has no tokenizer (none of tokenizer.json, "
+                              "tokenizer.model, vocab.json, ...); sglang 0.5.23 reads the model's Hugging Face "
+                              "config.json and its tokenizer even with --load-format dummy (only the weights are "
+                              "skipped)")
+    (bare / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    with pytest.raises(RunError, match=f"^workload.model_path: {bare}/config.json has no model_type "):
+        run(_spec(bare), config, host, sha=made.current_sha, work_dir_local=tmp_path / "work")
+    with pytest.raises(RunError, match=f"^workload.model_path: {tmp_path}/none is not a directory; "):
+        run(_spec(tmp_path / "none"), config, host, sha=made.current_sha, work_dir_local=tmp_path / "work")
+    assert _worktrees(made.path) == [str(made.path)] and not any(Path(d).exists() for d in host.temp_dirs)
+    # a tokenizer elsewhere (--tokenizer-path), or none loaded (the server's --skip-tokenizer-init): no refusal
+    from ingest.runs.engines.sglang import plan_model_dir_check
+
+    assert plan_model_dir_check(Workload(model_path="/m", extra_args=("--tokenizer-path=/t",)), server) == \
+        ["/m", "/t", "1"]
+    assert plan_model_dir_check(Workload(model_path="/m", extra_args=("--skip-tokenizer-init",)), server) == \
+        ["/m", "/m", "0" if server else "1"]
+
+
+# --- DP ranks: each holds its share of the batch ------------------------------------------------
+
+@pytest.mark.parametrize("extra,ranks", [((), 1), (("--attn-dp-size", "2"), 2),
+                                         (("--attention-data-parallel-size=4",), 4),
+                                         (("--dp-size", "2", "--enable-dp-attention"), 2)])
+def test_decode_threshold_is_each_dp_rank_share(extra, ranks):
+    """sglang 0.5.23 compares SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS with each DP rank's own batch
+    (profiler_manager.py:431-434, ScheduleBatch.batch_size()): with 4 DP ranks no rank ever holds
+    the whole batch of 8, so main's threshold of 8 never started a decode capture."""
+    workload = Workload(model_path="m", tp=4, batch_size=8, output_len=8, extra_args=extra)
+    check_server_workload(workload)
+    assert build_server_env(workload)["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == str(8 // ranks)
+
+
+def test_dp_layouts_the_server_path_cannot_profile_are_refused_in_one_line():
+    with pytest.raises(SpecError) as err:
+        check_server_workload(Workload(model_path="m", tp=2, batch_size=5, output_len=8,
+                                       extra_args=("--attn-dp-size", "2")))
+    assert str(err.value) == ("workload.batch_size 5: does not split evenly over the 2 DP ranks of --attn-dp-size 2; "
+                              "SGLang deals requests round robin and each rank's profiler waits for its own "
+                              "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS requests: use a multiple of 2")
+    with pytest.raises(SpecError, match=r"^workload.extra_args --dp-size 2: DP replicas write traces of the same TP "
+                                        r"ranks \(-TP-0-DP-0, -TP-0-DP-1, ...\)"):
+        check_server_workload(Workload(model_path="m", tp=2, batch_size=4, output_len=8,
+                                       extra_args=("--data-parallel-size=2",)))
+    with pytest.raises(SpecError, match=r"^workload.extra_args --attn-dp-size 'two': not a positive integer$"):
+        check_server_workload(Workload(model_path="m", tp=2, batch_size=4, output_len=8,
+                                       extra_args=("--attn-dp-size", "two")))
+
+
+@pytest.mark.slow
+def test_server_path_with_dp_attention(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) with DP attention
+    as sglang 0.5.23 runs it: TP 2 as 2 attention-DP ranks, requests dealt round robin, each rank's
+    profiler counting its own batch of 2 and naming its files -TP-{tp}-DP-{dp}
+    (profiler_manager.py:344-351). The engine sets the decode threshold to the rank's share (2), so
+    each rank's DECODE trace holds 3 decode steps of its 2 requests; the importer reads the rank
+    from -TP-. Main's engine asked for 4 on each rank: the decode capture never started."""
+    made, model, config = fake
+    monkeypatch.setenv("FAKE_SGLANG_BURST", "4")
+    spec = _spec(model, tp=2, batch_size=4, output_len=6, extra_args=("--attn-dp-size", "2"))
+    bundle = run_sglang(spec, config, RecordingHost(), sha=made.current_sha, work_dir_local=tmp_path)
+    m = read_bundle(bundle)
+    assert m.extra["server_env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "2"
+    assert [t.split("-", 1)[1].split("-", 1)[1] for t in m.traces] == ["TP-0-DP-0-DECODE.trace.json.gz",
+                                                                       "TP-1-DP-1-DECODE.trace.json.gz"]
+    for trace in m.traces:
+        assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=2]"] * 3
+    record = prepare_import(bundle, load_rule_chain(), ImportOptions())
+    assert record.ranks == 2 and record.steps == 3
+
+
+@pytest.mark.slow
+def test_stand_in_counts_mixed_batches_as_prefill(fake, tmp_path, monkeypatch):
+    """Stand-in SGLang server (SGLang cannot be installed here, FACTS.md section 4) with
+    --enable-mixed-chunk: a request that arrives while others decode is prefilled in one MIXED
+    forward with their decode step, and the by-stage profiler counts MIXED as a prefill
+    (ForwardMode.is_prefill, forward_batch_info.py:224-235; profiler_manager.py:415). At the older
+    commit (no decode threshold) the first MIXED batch after the decode capture began stops it and
+    saves it as -EXTEND: no DECODE trace, as with a late EXTEND. With the threshold (current
+    commit) the capture waits for all 3 requests, and holds full-batch decode steps only."""
+    made, model, config = fake
+    _staggered(monkeypatch, batch_size=3, gap_steps=2)
+    spec = _spec(model, tp=2, batch_size=3, output_len=10, profile_steps=1, extra_args=("--enable-mixed-chunk",))
+    with pytest.raises(CommandFailed) as err:
+        run_sglang(spec, config, RecordingHost(), sha=made.old_sha, work_dir_local=tmp_path / "old")
+    assert "found -EXTEND traces of TP 0, 1; /stop_profile answered HTTP 500 (no capture running)" in str(err.value)
+    bundle = run_sglang(spec, config, RecordingHost(), sha=made.current_sha, work_dir_local=tmp_path / "current")
+    for trace in read_bundle(bundle).traces:
+        assert [s["name"] for s in _step_spans(_trace_events(bundle / trace))] == ["step[DECODE bs=3]"]
+
+
+def _fake_module(checkout: Path, name: str):
+    """A module of the stand-in checkout, imported from its python/ (its own copy of sys.modules
+    entries is not kept: each call loads the file afresh)."""
+    import importlib.util
+
+    path = checkout / "python" / (name.replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(f"stand_in_{name.replace('.', '_')}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(checkout / "python"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(checkout / "python"))
+    return module
+
+
+def _release_prefill_modes(wheel: Path) -> tuple[str, ...]:
+    """ForwardMode.is_extend's modes in sglang 0.5.23 (forward_batch_info.py:227-235), without the
+    one it takes only when asked (include_draft_extend_v2): what is_prefill counts."""
+    import ast
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as whl:
+        source = whl.read("sglang/srt/model_executor/forward_batch_info.py").decode()
+    func = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "is_extend")
+    ret = next(n for n in ast.walk(func) if isinstance(n, ast.Return))
+    return tuple(v.comparators[0].attr for v in ret.value.values if isinstance(v, ast.Compare))
+
+
+def test_stand_in_prefill_counting_is_the_release(fake, sglang_wheel, tmp_path):
+    """The stand-in's by-stage profiler (SGLang cannot be installed here, FACTS.md section 4)
+    counts as prefill exactly the modes sglang 0.5.23's ForwardMode.is_prefill does (read from
+    the wheel), passes IDLE and PREBUILT, and raises on any other mode (profiler_manager.py:441-446)."""
+    made = fake[0]
+    manager = _fake_module(made.path, "sglang.srt.fake_profiler_manager")
+    release = _release_prefill_modes(sglang_wheel)
+    assert release == ("EXTEND", "MIXED", "TARGET_VERIFY", "SPLIT_PREFILL", "DLLM_EXTEND")
+    assert manager.PREFILL_MODES == release
+    profiler = manager.SchedulerProfilerManager(0, lambda: 0)
+    profiler.init_profile(str(tmp_path), None, 2, ["CUDA_PROFILER"], False, False, True, "id")
+    for mode in release:
+        profiler.profile_batch_predicate(mode, 1)
+    assert (profiler.profiler_prefill_ct, profiler.profiler_decode_ct) == (len(release), 0)
+    profiler.profile_batch_predicate("IDLE", 0)
+    profiler.profile_batch_predicate("PREBUILT", 1)
+    with pytest.raises(RuntimeError, match="^unsupported profile stage: DRAFT_EXTEND_V2$"):
+        profiler.profile_batch_predicate("DRAFT_EXTEND_V2", 1)
+
+
+def test_stand_in_step_span_names_are_the_release(fake, sglang_wheel):
+    """The stand-in's build_step_span_name (SGLang cannot be installed here, FACTS.md section 4)
+    names every forward as sglang 0.5.23's utils/profile_utils.py:462-505 does, whose lines are
+    checked in the wheel: DRAFT for any forward of a draft runner, VERIFY for TARGET_VERIFY, toks
+    for EXTEND only, the mode's name otherwise (DECODE, IDLE, MIXED, DRAFT_EXTEND_V2)."""
+    import zipfile
+
+    with zipfile.ZipFile(sglang_wheel) as whl:
+        release = whl.read("sglang/srt/utils/profile_utils.py").decode()
+    for line in ('stage = "DRAFT"', "elif mode == ForwardMode.TARGET_VERIFY:", 'stage = "VERIFY"', "stage = mode.name",
+                 'base = f"step[{stage} bs={bs} toks={ext_toks}"', 'base = f"step[{stage} bs={bs}"'):
+        assert line in release, line
+    name = _fake_module(fake[0].path, "sglang.srt.fake_step_span").build_step_span_name
+
+    class Batch:
+        def __init__(self, mode, bs, toks=None):
+            self.forward_mode, self.batch_size, self.extend_num_tokens = mode, bs, toks
+
+    assert name(Batch("EXTEND", 2, 32)) == "step[EXTEND bs=2 toks=32]"
+    assert name(Batch("DECODE", 2)) == "step[DECODE bs=2]"
+    assert name(Batch("TARGET_VERIFY", 2)) == "step[VERIFY bs=2]"
+    assert name(Batch("MIXED", 3)) == "step[MIXED bs=3]" and name(Batch("IDLE", 0)) == "step[IDLE bs=0]"
+    assert name(Batch("DECODE", 2), True) == name(Batch("DRAFT_EXTEND_V2", 2), True) == "step[DRAFT bs=2]"
+    assert name(Batch("EXTEND", 2, 32), True) == "step[DRAFT bs=2 toks=32]"

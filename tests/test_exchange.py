@@ -17,9 +17,11 @@ import duckdb
 import pytest
 
 from db import views
-from db.exchange import TABLES, LOCAL_COLUMNS, ExchangeError, export_history, merge_history, read_history
+from db.exchange import (TABLES, LOCAL_COLUMNS, ExchangeError, check_history, export_history, merge_history,
+                         read_history)
 from db.store import open_db
 from ingest.cli import main
+from ingest.commands import make_merge_checks
 from ingest.runs.track import follow_series, track_changes
 from ingest.traces.categories import load_rule_chain
 from ingest.traces.importer import ImportOptions, prepare_import
@@ -76,7 +78,8 @@ def export(db: Path, out: Path, repo: str | None = None) -> Path:
 
 def merge(db: Path, directory: Path):
     """What `ingest merge` does: check, merge in one transaction, detect the touched series' changes."""
-    history = read_history(directory)
+    # the bundles of these runs lie in this checkout, an import root here: their traces verify and travel
+    history = check_history(read_history(directory), make_merge_checks((str(ROOT.resolve()),)))
     with open_db(db) as store:
         result = merge_history(store, history)
     for series in result.series:
@@ -109,7 +112,7 @@ def test_the_manifest_names_the_format_schema_tables_and_rows(dashboard_db, fixt
     manifest = json.loads((fixture_export / "manifest.json").read_text())
     with open_db(dashboard_db, read_only=True) as store:
         schema = max(store.list_schema_versions())
-    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 3, schema)
+    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 4, schema)
     assert sorted(manifest["tables"]) == sorted(TABLES)
     counts = row_counts(dashboard_db)
     assert {t: e["rows"] for t, e in manifest["tables"].items()} == {t: counts[t] for t in TABLES}
@@ -243,7 +246,9 @@ def test_a_commit_whose_order_differs_keeps_this_database_s_and_takes_none(worke
 def test_the_dashboard_reads_the_same_series_trends_runs_and_changes_from_the_merged_file(
         dashboard_db, fixture_export, tmp_path, capsys):
     merged = tmp_path / "merged.duckdb"
-    assert main(["merge", str(fixture_export), "--db", str(merged)]) == 0
+    config = tmp_path / "stepwatch.toml"  # the runs' bundles lie in this checkout: an import root, so traces travel
+    config.write_text(f'[imports]\nroots = ["{ROOT.resolve()}"]\n')
+    assert main(["merge", str(fixture_export), "--db", str(merged), "--config", str(config)]) == 0
     line = capsys.readouterr().err
     assert line.count("\n") == 1 and "23 runs added, 0 already present" in line and "(2 confirmed, 2 suspected)" in line
 
@@ -271,7 +276,8 @@ def test_the_dashboard_reads_the_same_series_trends_runs_and_changes_from_the_me
     source, copy = read(dashboard_db), read(merged)
     assert copy["series"] == source["series"] and copy["counts"] == source["counts"] == 22
     assert copy["trends"] == source["trends"]
-    assert len(copy["changes"]) == 2 and copy["changes"] == source["changes"]
+    # the fixture's change point: tok/s and step ms (suspected) and its two kernels' counts (exact)
+    assert len(copy["changes"]) == 4 and copy["changes"] == source["changes"]
     assert copy["runs"].keys() == source["runs"].keys()
     for content_hash, run in source["runs"].items():
         assert repr(copy["runs"][content_hash]) == repr(run), run[0]["source_path"]  # repr: NaN as NaN
@@ -281,7 +287,8 @@ def test_an_export_of_format_version_1_still_merges_its_new_columns_arriving_emp
     """Version 2 added the import's checks (runs.timeline, consistency, patterns) and
     kernel_stats.input_dtypes; an export written before (version 1, without them) merges whole."""
     old = Path(shutil.copytree(fixture_export, tmp_path / "v1"))
-    _rewrite(old, "runs", "SELECT * EXCLUDE (timeline, consistency, patterns, roofline, graph_attribution) FROM {src}")
+    _rewrite(old, "runs", "SELECT * EXCLUDE (timeline, consistency, patterns, roofline, graph_attribution,"
+             " trace_root, trace_digests) FROM {src}")
     _rewrite(old, "kernel_stats", f"SELECT * EXCLUDE (input_dtypes, {ROOFLINE}, graph_op, graph_source, graph_layers)"
              " FROM {src}")
     _set_manifest(old, lambda m: m.update(version=1))
@@ -291,9 +298,9 @@ def test_an_export_of_format_version_1_still_merges_its_new_columns_arriving_emp
         assert store.con.execute("SELECT count(*) FROM runs WHERE timeline IS NULL AND consistency IS NULL"
                                  " AND patterns IS NULL").fetchone()[0] == 23
         assert store.con.execute("SELECT count(*) FROM kernel_stats WHERE input_dtypes IS NULL").fetchone()[0] == 342
-    v2 = canonical_export(fixture_export, drop=("timeline", "consistency", "patterns", "roofline"))
-    merged = canonical_export(export(tmp_path / "m.duckdb", tmp_path / "again"),
-                              drop=("timeline", "consistency", "patterns", "roofline"))
+    later = ("timeline", "consistency", "patterns", "roofline", "trace_root", "trace_digests")
+    v2 = canonical_export(fixture_export, drop=later)
+    merged = canonical_export(export(tmp_path / "m.duckdb", tmp_path / "again"), drop=later)
     assert merged["runs"] == v2["runs"] and merged["steps"] == v2["steps"]
 
 
@@ -301,7 +308,7 @@ def test_an_export_of_format_version_2_merges_with_graph_attribution_arriving_em
     """Version 3 added graph-kernel attribution (runs.graph_attribution, kernel_stats.graph_op,
     graph_source, graph_layers: migration 012); an export of version 2 merges whole without them."""
     old = Path(shutil.copytree(fixture_export, tmp_path / "v2"))
-    _rewrite(old, "runs", "SELECT * EXCLUDE (roofline, graph_attribution) FROM {src}")
+    _rewrite(old, "runs", "SELECT * EXCLUDE (roofline, graph_attribution, trace_root, trace_digests) FROM {src}")
     _rewrite(old, "kernel_stats", f"SELECT * EXCLUDE ({ROOFLINE}, graph_op, graph_source, graph_layers) FROM {{src}}")
     _set_manifest(old, lambda m: m.update(version=2))
     result = merge(tmp_path / "m.duckdb", old)
@@ -371,8 +378,8 @@ BAD = {  # case: (how the good export is spoilt, what the one line says)
     "manifest-not-json": (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json: not JSON"),
     "other-format": (lambda d: _set_manifest(d, lambda m: m.update(format="stepwatch-bundle")),
                      "manifest.json: field 'format' is 'stepwatch-bundle', expected 'stepwatch-history'"),
-    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=4)),
-                      "manifest.json: field 'version' is 4; this stepwatch reads versions 1, 2, 3"),
+    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=5)),
+                      "manifest.json: field 'version' is 5; this stepwatch reads versions 1, 2, 3, 4"),
     "newer-schema": (lambda d: _set_manifest(d, lambda m: m.update(schema_version=m["schema_version"] + 1)),
                      "newer than this database's schema"),
     "table-left-out": (lambda d: _set_manifest(d, lambda m: m["tables"].pop("rank_stats")),
@@ -390,14 +397,13 @@ BAD = {  # case: (how the good export is spoilt, what the one line says)
                      "repos.parquet: column 'stars' is not one of table repos's"),
     "rows-differ": (lambda d: _set_manifest(d, lambda m: m["tables"]["commits"].update(rows=99)),
                     "commits.parquet: 4 rows, the manifest says 99"),
-    # found inside the merge's transaction (the second after repos, commits, runs and steps were
-    # written): rolled back
+    # found by check_history, before the database is opened
     "unknown-commit": (lambda d: _rewrite(d, "commits", "SELECT * FROM {src} WHERE seq <> 2"),
                        "runs.parquet: column 'commit_id' names 2, which commits.parquet does not hold"),
     "null-in-a-kept-column": (lambda d: _rewrite(d, "step_categories",
                                                  "SELECT * REPLACE (CASE WHEN step = 1 THEN NULL ELSE category END"
                                                  " AS category) FROM {src}"),
-                              "step_categories.parquet: Constraint Error: NOT NULL constraint failed"),
+                              "field 'category' is empty (the schema requires it)"),
 }
 
 

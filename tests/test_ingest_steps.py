@@ -81,6 +81,43 @@ def test_decode_spans_only_when_prefill_spans_are_there_too(tmp_path):
     assert any("1 decode steps; 1 other forward spans" in n for n in f.notes)
 
 
+def test_speculative_iteration_is_its_draft_verify_and_draft_extend(tmp_path):
+    # The real decode trace shaped as a speculative decoding iteration of sglang 0.5.23
+    # (eagle_worker_v2.py:1444-1510): its forward span renamed step[VERIFY bs=32]
+    # (profile_utils.py:487-488), the 3 launches before it inside a `draft` stage span and the 2
+    # after it inside a `draft_extend` one (spec_utils.py:852), as the draft model's graph replays
+    # are (they bypass ModelRunner.forward, so no step span of their own). One step: the GPU time of
+    # the kernels launched from the draft's start to the draft-extend's end; main read the verify
+    # forward alone (the draft kernels between steps).
+    events = _events(SGLANG_DECODE)
+    span = next(e for e in events if e.get("cat") == "user_annotation" and e["name"] == "step[DECODE bs=32]")
+    lo, hi = span["ts"], span["ts"] + span["dur"]
+    launches = sorted((e for e in events if e.get("cat") == "cuda_runtime" and e["name"] == "hipLaunchKernel"),
+                      key=lambda e: e["ts"])
+    before, after = [e for e in launches if e["ts"] < lo], [e for e in launches if e["ts"] > hi]
+    assert (len(before), len(after)) == (3, 2)
+    draft = {"ph": "X", "cat": "user_annotation", "name": "draft", "pid": span["pid"], "tid": span["tid"],
+             "ts": before[0]["ts"] - 1, "dur": lo - 0.5 - (before[0]["ts"] - 1)}
+    extend_end = after[-1]["ts"] + after[-1]["dur"] + 1
+    draft_extend = {**draft, "name": "draft_extend", "ts": hi + 0.5, "dur": extend_end - (hi + 0.5)}
+    body = {"traceEvents": [{**e, "name": "step[VERIFY bs=32]"} if e is span else e for e in events]
+            + [draft, draft_extend]}
+    path = tmp_path / "speculative.json"
+    path.write_text(json.dumps(body))
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
+                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    inside = [k for k in kernels if draft["ts"] <= launch_ts.get(k["args"].get("correlation"), k["ts"]) <= extend_end]
+    gpu_us = max(k["ts"] + k["dur"] for k in inside) - min(k["ts"] for k in inside)
+    verify_gpu_us = _gpu_extent_of_span(events, "step[DECODE bs=32]")[0]
+    assert gpu_us > verify_gpu_us
+    f = analyse_trace(read_trace(path), RULES)
+    assert (f.step_method, f.steps) == ("span", 1)
+    assert f.step_ms_median == pytest.approx(gpu_us / 1e3, rel=1e-9)
+    assert f.between_steps_kernels == len(kernels) - len(inside) == 0  # the verify span alone: 7
+    assert any(n.startswith("SGLang speculative decoding: 1 decode iterations") for n in f.notes)
+
+
 def test_a_trace_without_step_markers_is_one_step_of_its_gpu_time():
     path = WILD / "tracelens__mi210__gpu_only_trace.json.gz"  # kernels and launches, no CPU ops
     events = _events(path)

@@ -236,6 +236,26 @@ def test_one_page_plan_serves_every_layer():
     assert all(torch.equal(a, b) for a, b in zip((flat, count, table_out), planned))
 
 
+def test_page_plan_zero_tail_writes_the_padding_page_past_each_request():
+    """zero_tail (the patch's fresh, torch.empty table): every entry past a request's pages is page 0,
+    in the compact and the overflow plan; without it a caller-owned table keeps its tail."""
+    table = torch.randint(1, 16, (3, 6), generator=torch.Generator().manual_seed(21), dtype=torch.int32)
+    for lens, capacity, compact in (([5, 0, 9], 16, True), ([24, 24, 24], 16, False)):
+        lens = torch.tensor(lens, dtype=torch.int32)
+        pages = [min(-(-int(n) // 4), 6) for n in lens]
+        for zero_tail, tail in ((True, 0), (False, -1)):
+            flat, count = torch.zeros(16, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+            table_out = torch.full_like(table, -1)
+            plan_live_pages(table, lens, 4, capacity, flat, count, table_out, zero_tail=zero_tail)
+            assert count.item() == sum(pages)
+            start = 0
+            for b, n in enumerate(pages):
+                want = torch.arange(start, start + n, dtype=torch.int32) if compact else table[b, :n]
+                assert torch.equal(table_out[b, :n], want)
+                assert torch.all(table_out[b, n:] == tail), (compact, zero_tail, table_out[b])
+                start += n
+
+
 def test_copy_live_indices_stops_at_the_count():
     out = torch.full((10,), -1, dtype=torch.int32)
     copy_live_indices(torch.arange(20, dtype=torch.int32), torch.tensor([6]), out)
@@ -333,21 +353,24 @@ for page in (1, 4, 64):
             failures.append(("pages", page, bs, width, scale))
 # one plan, three layers' pools (the FA3 path plans once per forward): compact and overflow
 pools = [pool] + [torch.randint(0, 256, (N, 1, D), dtype=torch.uint8, generator=gen) for _ in range(2)]
+# (bs 17 and 100: the plan reads the pages' running sum, one compiled kernel for every bs; zero_tail: a fresh
+# table's entries past each request's pages are 0, as SGLang zeroes a torch.empty table's tail)
 for page in (1, 64):
-    for bs, width, scale in ((4, N // page // 4, 0.6), (8, N // page, 1.0)):
+    for bs, width, scale in ((4, N // page // 4, 0.6), (8, N // page, 1.0), (17, 3, 0.9), (100, 4, 0.8)):
         table = torch.randint(0, N // page, (bs, width), generator=gen, dtype=torch.int32)
         lens = (torch.rand(bs, generator=gen) * scale * width * page).to(torch.int32)
         cap = min(bs * width, N // page)
+        for zero_tail in (False, True):
 
-        def layers(be, table_out, *outs):
-            flat, count = torch.zeros(max(1, cap), dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-            plan_live_pages(table, lens, page, cap, flat, count, table_out, backend=be)
-            for layer_pool, o in zip(pools, outs):
-                gather_cast_planned_pages(layer_pool, flat, count, bs * width, page, o, backend=be)
+            def layers(be, table_out, *outs):
+                flat, count = torch.zeros(max(1, cap), dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+                plan_live_pages(table, lens, page, cap, flat, count, table_out, zero_tail=zero_tail, backend=be)
+                for layer_pool, o in zip(pools, outs):
+                    gather_cast_planned_pages(layer_pool, flat, count, bs * width, page, o, backend=be)
 
-        outs = [torch.full((cap * page, 1, D), 7.0, dtype=torch.bfloat16) for _ in pools]
-        if not both(layers, torch.full_like(table, -5), *outs):
-            failures.append(("plan shared by layers", page, bs, width))
+            outs = [torch.full((cap * page, 1, D), 7.0, dtype=torch.bfloat16) for _ in pools]
+            if not both(layers, torch.full_like(table, -5), *outs):
+                failures.append(("plan shared by layers", page, bs, width, zero_tail))
 dst = torch.full((300,), -1, dtype=torch.int32)
 if not both(lambda be, d: copy_live_indices(torch.arange(1000, dtype=torch.int32), torch.tensor([257]), d, backend=be),
             dst):

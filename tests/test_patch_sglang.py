@@ -216,6 +216,8 @@ for ps, seq in ((1, [7, 0, 101]), (4, [7, 0, 101]), (4, [160] * 8)):
     lens = torch.tensor(seq, dtype=torch.int32, device=dev)
     plan, batch, tables = m.MLAKVPagePlan(), Batch(), []
     pages = [min((s + ps - 1) // ps, 40) for s in seq]
+    junk = torch.full((bs, 40), -7, dtype=torch.int32, device=dev)  # freed memory the plan's torch.empty may reuse
+    del junk
     for layer, (layer_pool, layer_ref) in enumerate(zip(pools, refs)):
         out, table_out = plan.gather_cast(layer_pool, table, lens, ps, 10 + layer, batch)
         tables.append(table_out)
@@ -229,6 +231,8 @@ for ps, seq in ((1, [7, 0, 101]), (4, [7, 0, 101]), (4, [160] * 8)):
             assert same(o[t], r[table[b, :n].long()]), ("pages", ps, seq, layer, b)
             start += n
         assert compact == (sum(pages) <= 40 * bs and sum(pages) <= N // ps), (ps, seq)
+        for b, n in enumerate(pages):  # a fresh table's tail is SGLang's padding page (kv_read_table.py)
+            assert torch.all(table_out[b, n:] == 0), ("table tail not zeroed", ps, seq, layer, b)
         if not compact:
             assert same(out, layer_ref), ("overflow: the whole pool, cast in place", ps, seq, layer)
     assert tables[1] is tables[0] and tables[2] is tables[0], ("later layers made a plan again", ps, seq)
@@ -305,6 +309,25 @@ assert live.gather_cast(w, pool, torch.float16) is None, "a float16 query was gi
 for bad in (wrapper(index, backend="trtllm-gen"), wrapper(index, backend=None)):
     live.save(bad, torch.tensor([10], dtype=torch.int32, device=dev))
     assert live.gather_cast(bad, pool, BF16) is None, "a non-FA plan was used"
+# a later layer of the same forward that falls back to .to() (here: a float16 query) must find the
+# wrapper's planned row ids, not the 0..n-1 an earlier layer's gather wrote (flashinfer would read pool rows
+# 0..n-1 of the whole-pool cast: wrong attention, silently)
+index = torch.randint(0, N, (700,), dtype=torch.int32, device=dev)
+rows = index.clone()
+w = wrapper(index)
+live.save(w, torch.tensor([300], dtype=torch.int32, device=dev))
+assert live.gather_cast(w, pool, BF16) is not None  # layer 0 gathers and rewrites the indices
+assert live.gather_cast(w, pool, torch.float16) is None  # layer 1 falls back
+assert torch.equal(index, rows), "a layer that fell back to .to() reads rewritten indices"
+out = live.gather_cast(w, pool, BF16)  # layer 2 gathers again from the saved ids
+assert same(out[:300], ref[rows[:300].long()]) and torch.equal(index[:300], torch.arange(300, device=dev, dtype=torch.int32))
+# a saved-row buffer smaller than the rows a call can read: the whole-pool cast, the planned ids in place
+small = m.MLAKVLiveRows(types.SimpleNamespace(dtype=FP8, size=99, page_size=1))
+index = torch.randint(0, N, (700,), dtype=torch.int32, device=dev)
+rows = index.clone()
+w = wrapper(index)
+small.save(w, torch.tensor([50], dtype=torch.int32, device=dev))
+assert small.gather_cast(w, pool, BF16) is None and torch.equal(index, rows), "undersized buffer"
 eager = wrapper(index.clone(), graph=True)
 live.save(eager, torch.tensor([10], dtype=torch.int32, device=dev), cuda_graph_ok=False)
 assert live.gather_cast(eager, pool, BF16) is None, "a graph wrapper passed cuda_graph_ok=False"

@@ -37,13 +37,16 @@ def test_worker_bisects_to_the_planted_commit(tmp_path):
     repo = tmp_path / "repo"
     shas = _make_repo(repo)
     db = tmp_path / "s.duckdb"
+    config = tmp_path / "stepwatch.toml"
+    config.write_text(f'[repos.planted]\npath = "{repo}"\n')  # code runs only from a repo the config names
     for sha in (shas[0], shas[-1]):
         queued = run_cli("ingest", "run", "--engine", "reference", "--preset", "tiny", "--kv", "fused",
-                         "--device", "cpu", "--profile-steps", "2", "--repo", "planted", "--repo-path", str(repo),
+                         "--device", "cpu", "--profile-steps", "2", "--repo", "planted", "--config", str(config),
                          "--ref", sha, "--db", str(db), "--queue")
         assert queued.returncode == 0, queued.stderr
     # one CPU thread each: steadier timings on a busy 2-core machine
-    worker = run_cli("ingest", "worker", "--db", str(db), "--exit-when-idle", env={"OMP_NUM_THREADS": "1"})
+    worker = run_cli("ingest", "worker", "--db", str(db), "--config", str(config), "--exit-when-idle",
+                     env={"OMP_NUM_THREADS": "1"})
     assert worker.returncode == 0, worker.stdout
     with open_db(db, read_only=True) as store:
         changes = list_changes(store)

@@ -173,12 +173,14 @@ def test_refs_resolve_to_full_shas_and_ranges_follow_first_parent(bench_repo):
 @pytest.mark.slow
 def test_backfill_queues_every_commit_and_the_worker_measures_each_commits_code(tmp_path, bench_repo):
     db = tmp_path / "s.duckdb"
-    result = run_cli("ingest", "backfill", "--repo", str(bench_repo), "--range", "main~2..main",
+    config = tmp_path / "stepwatch.toml"
+    config.write_text(f'[repos.bench]\npath = "{bench_repo}"\n')  # code runs only from a repo the config names
+    result = run_cli("ingest", "backfill", "--repo", "bench", "--range", "main~2..main", "--config", str(config),
                      "--engine", "reference", "--preset", "tiny", "--kv", "fused", "--device", "cpu",
                      "--profile-steps", "2", "--db", str(db))
     assert result.returncode == 0, result.stderr
     assert "queued 2 jobs (2 commits x 1 variants)" in result.stderr
-    assert run_cli("ingest", "worker", "--db", str(db), "--exit-when-idle").returncode == 0
+    assert run_cli("ingest", "worker", "--db", str(db), "--config", str(config), "--exit-when-idle").returncode == 0
     with open_db(db, read_only=True) as store:
         rows = store.con.execute(
             "SELECT c.seq, c.subject, r.layers, r.variant FROM runs r JOIN commits c USING (commit_id)"

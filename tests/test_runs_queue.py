@@ -57,21 +57,24 @@ def _specs_and_labels(db, statuses=("queued",)) -> list[tuple[str, str]]:
 
 def test_a_range_job_expands_into_the_specs_backfill_queues(tmp_path):
     repo = _make_repo(tmp_path / "bench", commits=4)
+    config_path = tmp_path / "stepwatch.toml"
+    config_path.write_text(f'[repos.bench]\npath = "{repo}"\n')  # code runs only from a repo the config names
+    config = load_config(config_path)
     backfilled, formed = tmp_path / "backfill.duckdb", tmp_path / "form.duckdb"
-    result = run_cli("ingest", "backfill", "--repo", str(repo), "--range", "main~2..main", "--engine", "reference",
+    result = run_cli("ingest", "backfill", "--repo", "bench", "--range", "main~2..main", "--engine", "reference",
                      "--preset", "tiny", "--kv", "fused", "--device", "cpu", "--profile-steps", "2",
-                     "--db", str(backfilled))
+                     "--db", str(backfilled), "--config", str(config_path))
     assert result.returncode == 0, result.stderr
 
-    (job_id,) = _queue(formed, FormInput("reference", repo=str(repo), commits="main~2..main", variants=("fused",),
-                                         workload=TINY), Config())
+    (job_id,) = _queue(formed, FormInput("reference", repo="bench", commits="main~2..main", variants=("fused",),
+                                         workload=TINY), config)
     with open_db(formed) as store:
         job = store.claim_job(worker_name(), job_id, worker_proc=process_stamp())
-    assert execute_job(str(formed), job, Config(), load_rule_chain()) == ("succeeded", None)
+    assert execute_job(str(formed), job, config, load_rule_chain()) == ("succeeded", None)
 
     expected = _specs_and_labels(backfilled)
     assert len(expected) == 2 and _specs_and_labels(formed) == expected
-    assert {json.loads(spec)["repo_path"] for spec, _ in expected} == {str(repo)}
+    assert {(json.loads(spec)["repo"], json.loads(spec)["repo_path"]) for spec, _ in expected} == {("bench", None)}
     query = "SELECT c.sha, c.seq, c.subject FROM commits c JOIN repos r USING (repo_id) WHERE r.name = 'bench'"
     with open_db(backfilled, read_only=True) as a, open_db(formed, read_only=True) as b:
         assert b.con.execute(query + " ORDER BY seq").fetchall() == a.con.execute(query + " ORDER BY seq").fetchall()

@@ -295,18 +295,54 @@ def test_a_value_sglang_refuses_is_refused_when_the_spec_is_parsed(release_choic
 
 
 def test_the_stand_in_takes_only_flags_and_choices_of_the_release(known_flags, release_choices):
-    """tests/standins/make_fake_sglang.py says its server flags are SGLang's: names, aliases and
-    choices of sglang 0.5.23."""
+    """tests/standins/make_fake_sglang.py's built-in server flags (what its servers declare when
+    no wheel gives them the whole set) are SGLang's: names, aliases and choices of sglang 0.5.23."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
-    from make_fake_sglang import SERVER_ARGS as STAND_IN_SERVER_ARGS
+    from make_fake_sglang import BUILT_IN_SERVER_FLAGS
 
-    flags = collect_add_argument_flags(STAND_IN_SERVER_ARGS)
-    assert not set(flags) - known_flags, f"sglang 0.5.23 has no {sorted(set(flags) - known_flags)}"
-    namespace: dict = {}
-    exec(compile(STAND_IN_SERVER_ARGS, "server_args.py", "exec"), namespace)
-    for flag, call in flags.items():
-        choices = _keyword(call, "choices")
-        if choices is not None:
-            assert namespace[choices.id] == release_choices[flag], flag
+    names = {name for flag in BUILT_IN_SERVER_FLAGS for name in flag["names"]}
+    assert not names - known_flags, f"sglang 0.5.23 has no {sorted(names - known_flags)}"
+    for flag in BUILT_IN_SERVER_FLAGS:
+        if flag["choices"] is not None:
+            assert flag["choices"] == release_choices[flag["names"][0]], flag["names"][0]
+
+
+def test_read_server_flags_declares_every_server_flag_of_the_release(sglang_wheel, release, known_flags):
+    """tests/sglang_wheel.py read_server_flags (what the stand-in's servers declare) has every
+    server flag the collectors above find, and no other: two readings of the same sources agree;
+    and its kinds follow arg_utils.py:298-417 (bool -> store_true, List -> nargs '+', Literal and
+    named choices, model_path required)."""
+    from tests.sglang_wheel import read_server_flags
+
+    flags = read_server_flags(sglang_wheel)
+    names = [name for flag in flags for name in flag["names"]]
+    server_flags = set(collect_add_argument_flags(release[SERVER_ARGS]))
+    for path, text in release.items():
+        if path.startswith(FIELDS_DIR) or path == SERVER_ARGS:
+            server_flags |= collect_field_flags(text)
+    assert len(names) == len(set(names)) and set(names) == server_flags
+    by_name = {flag["names"][0]: flag for flag in flags}
+    assert by_name["--model-path"]["required"] and by_name["--model-path"]["names"] == ["--model-path", "--model"]
+    assert (by_name["--tp-size"]["type"], by_name["--tp-size"]["dest"]) == ("int", "tp_size")
+    assert by_name["--enable-mixed-chunk"]["action"] == "store_true"
+    assert by_name["--disable-cuda-graph"]["action"] == "store_true"  # server_args.py:410 (deprecated)
+    assert by_name["--max-total-tokens"]["type"] == "human_int"  # fields/schedule.py:39-50
+    assert by_name["--kv-cache-dtype"]["choices"] == list(FLAG_CHOICES["kv_cache_dtype"][1])
+    assert by_name["--attention-backend"]["choices"] == list(FLAG_CHOICES["attention_backend"][1])
+
+
+def test_stand_in_sampling_parameters_are_the_release_contract(sglang_wheel):
+    """The sampling parameters the stand-in's /generate admits are sglang 0.5.23's API contract's
+    (sglang/api/v1/api_types.py:1256 _FIELDS_SamplingParams), in its order."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
+    from make_fake_sglang import SAMPLING_PARAMS_FIELDS
+
+    with zipfile.ZipFile(sglang_wheel) as whl:
+        source = whl.read("sglang/api/v1/api_types.py").decode()
+    fields = next(ast.literal_eval(node.value) for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "_FIELDS_SamplingParams" for t in node.targets))
+    assert SAMPLING_PARAMS_FIELDS == fields and "max_new_tokens" in fields

@@ -9,7 +9,7 @@ from app.labels import describe_graph_attribution, describe_run, describe_worklo
 from app.markdown_text import escape_markdown_keeping_code, format_findings, format_markdown, format_pattern_findings
 from app.perfetto import PERFETTO_INLINE_MB, perfetto_button_html
 from app.tables import as_percent, filter_rows, kernel_columns
-from app.traces import download_name, list_trace_files, read_bytes_later
+from app.traces import TraceGone, download_name, list_trace_files, read_bytes_later, read_verified_bytes
 from app.widgets import quote_url_value, read_int_param, select_in_url
 from db import views
 
@@ -126,15 +126,18 @@ if job is not None:
         st.code(job["log"] or "(no output)", language=None)
 
 st.subheader("Trace")
-traces = list_trace_files(run["source_path"], run["trace_files"])
-if not traces:
-    st.caption(format_markdown("The trace ({}) is no longer on this machine.", run["source_path"]))
-for path in traces:
-    name = download_name(run_id, run["sha"], run["variant"], path.name)
-    st.download_button(format_markdown("Download {}", name), read_bytes_later(path), file_name=name,
-                       mime="application/octet-stream", icon=":material/download:", key=f"trace_{path}")
-    if path.stat().st_size <= PERFETTO_INLINE_MB << 20:
-        components.html(perfetto_button_html(path.read_bytes(), f"stepwatch {name}", name), height=46)
+traces, gone = list_trace_files(run["trace_root"], run["trace_digests"])
+for why in gone:
+    st.caption(format_markdown("Trace no longer available: {}.", why))
+for trace in traces:
+    name = download_name(run_id, run["sha"], run["variant"], trace.name)
+    st.download_button(format_markdown("Download {}", name), read_bytes_later(trace), file_name=name,
+                       mime="application/octet-stream", icon=":material/download:", key=f"trace_{trace.path}")
+    if trace.size_bytes <= PERFETTO_INLINE_MB << 20:
+        try:
+            components.html(perfetto_button_html(read_verified_bytes(trace), f"stepwatch {name}", name), height=46)
+        except TraceGone as e:
+            st.caption(format_markdown("Trace no longer available: {}.", e))
 if traces:
     st.caption(f"Open in Perfetto sends the trace from this page to ui.perfetto.dev in a new tab (your browser "
                f"to Perfetto's page, nothing uploaded; traces up to {PERFETTO_INLINE_MB} MB); or open the "

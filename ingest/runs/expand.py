@@ -2,7 +2,7 @@
 RangeSpec (ingest/runs/spec.py) instead of running git, ssh or looking for a checkout itself.
 
 The worker finds the checkout the range job's `repo` names on its host (a config [repos] entry,
-this checkout for ""/"stepwatch", or a directory on this machine: repos.locate_repo), asks the
+or this checkout for ""/"stepwatch": repos.locate_repo), asks the
 host to answer (a dead host fails the job in seconds, with ssh's reason), lists A..B along B's
 first-parent history there (every K-th commit, always B: git.list_first_parent) and builds one
 run spec a commit x run, commits outer, each checked by parse_spec before any is queued. A
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .connect import make_host_for
 from .errors import SpecError
 from .git import CommitInfo, list_first_parent
-from .repos import ROOT, locate_repo
+from .repos import locate_repo
 from .spec import Config, RangeSpec, RunSpec, parse_spec, place_at_commit
 
 
@@ -53,13 +53,12 @@ def expand_range(spec: RangeSpec, config: Config) -> Expansion:
     refs = [spec.commits or None]
     if is_range:
         if path is None:
-            known = f"; {spec.repo!r} is neither in [repos] nor a checkout on this machine" if spec.repo else ""
+            known = f"; {spec.repo!r} is not in [repos]" if spec.repo else ""
             raise SpecError(f"commits: the range {spec.commits!r} needs a repo from the config's [repos] (or, for "
                             f"the reference engine on this machine, this checkout){known}")
         host = make_host_for(config, spec.host)
         host.check()
         commits = list_first_parent(host, path, spec.commits, spec.every)
         refs = [c.sha for c in commits]
-    own_path = path if path and name not in config.repos and path != str(ROOT) else None
-    specs = [parse_spec(place_at_commit(body, name, ref, own_path), config) for ref in refs for body in spec.runs]
+    specs = [parse_spec(place_at_commit(body, name, ref), config) for ref in refs for body in spec.runs]
     return Expansion(specs, commits, name, spec.batch)

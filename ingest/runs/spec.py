@@ -1,6 +1,13 @@
 """Run specs: what to run, where, at which commit, with which patches. Specs are data (a dict
 read from TOML or JSON, stored as JSON in the job queue) and are checked here, field by field,
-before anything runs. A config file names hosts, repositories and patch sets.
+before anything runs. A config file names hosts, repositories, patch sets and the directories
+the import engine may read.
+
+Code runs only from a repository the config names ([repos]) or, for the reference engine, this
+checkout (OWN_CHECKOUT): a spec naming another repository, or a `repo_path` that is not the
+config's checkout of its repo, is refused here, whoever wrote it (the form, `ingest run`, a job
+row of an older stepwatch), and again by the worker before it runs git (repos.check_code_source).
+The import engine reads only paths under the config's `[imports] roots` (none by default).
 
 Checks refuse what could be mistaken for an option or carry shell syntax: values travel as
 argv elements and never through a shell, but a ref such as `--output=x` would still be an
@@ -10,6 +17,7 @@ option to git, and `a;b` is a typo no one means.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +30,8 @@ from kernels.names import KV_STRATEGIES, PRESET_NAMES
 from .engines.sglang_choices import FLAG_CHOICES, find_choice_problem
 from .errors import SpecError
 from .names import DEVICES, ENGINES
+
+OWN_CHECKOUT = Path(__file__).resolve().parents[2]  # this checkout: the reference workload's own repo
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/@{}~^-]*$")
@@ -68,6 +78,8 @@ class Config:
     repos: dict[str, RepoConfig] = field(default_factory=dict)
     patches: dict[str, tuple[str, ...]] = field(default_factory=dict)  # variant name -> files
     source: str | None = None
+    # [imports] roots: directories (absolute, resolved) under which the import engine may read a path
+    import_roots: tuple[str, ...] = ()
 
     def host(self, name: str) -> HostConfig:
         if name == "local":
@@ -137,7 +149,7 @@ class RangeSpec:
     `batch`. Stored in the job queue as {"expand": {...}}."""
 
     commits: str  # A..B, one ref, or "" (HEAD)
-    repo: str  # a config [repos] name, "" or "stepwatch" (this checkout), or a checkout's path on this machine
+    repo: str  # a config [repos] name, or "" or "stepwatch" (this checkout)
     runs: tuple[dict, ...]
     host: str = "local"
     every: int = 1
@@ -263,27 +275,70 @@ def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> 
         _need(isinstance(repo_path, str) and re.fullmatch(r"/[A-Za-z0-9._/+@-]*", repo_path) is not None,
               f"{where}.repo_path", f"{repo_path!r} is not an absolute plain path")
         _need(repo is not None, f"{where}.repo", "a repo_path needs a repo name")
-        config = Config(config.hosts, {**config.repos, repo: RepoConfig(repo, repo_path)}, config.patches,
-                        config.source)
     ref = body.get("ref")
     if ref is not None:
         check_ref(ref, f"{where}.ref")
+    if repo is not None:
+        check_label(repo, f"{where}.repo")
     if engine == "sglang":
         _need(repo is not None, f"{where}.repo", "the sglang engine needs a repo from the config's [repos]")
-        _need(repo in config.repos, f"{where}.repo", f"{repo!r} is not in the config's [repos]")
         _need(ref is not None, f"{where}.ref", "the sglang engine needs a ref (commit, tag or branch)")
-    elif repo is not None:
-        check_label(repo, f"{where}.repo")
+    if engine != "import":
+        find_code_problem(engine, repo, repo_path, config, where)
     path = body.get("path")
     if engine == "import":
         _need(isinstance(path, str) and bool(path), f"{where}.path", "the import engine needs a path")
         _need(Path(path).exists(), f"{where}.path", f"{path}: no such file or directory")
+        find_import_problem(path, config, where)
     timeout = body.get("timeout_s", 3600.0)
     _need(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 86400,
           f"{where}.timeout_s", "must be a number of seconds between 0 and 86400")
     return RunSpec(engine=engine, workload=parse_workload(body.get("workload"), engine, f"{where}.workload"),
                    host=host, device=device, repo=repo, repo_path=repo_path, ref=ref, variant=variant, path=path,
                    timeout_s=float(timeout))
+
+
+def _same_checkout(a: str, b: str | Path) -> bool:
+    """Whether two paths name one checkout: the same text once normalised (a path on a remote
+    host), or the same directory here once links are resolved."""
+    if os.path.normpath(a) == os.path.normpath(str(b)):
+        return True
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def find_code_problem(engine: str, repo: str | None, repo_path: str | None, config: Config,
+                      where: str = "spec") -> None:
+    """Refuse code the config does not name: the repo must be one of the config's [repos] (its
+    repo_path, if given, that entry's own checkout), or, for the reference engine, this checkout
+    (no repo, "stepwatch", or repo_path OWN_CHECKOUT). Raises SpecError naming the repo."""
+    source = config.source or "no config file"
+    if repo in config.repos:
+        if repo_path is not None:
+            _need(_same_checkout(repo_path, config.repos[repo].path), f"{where}.repo_path",
+                  f"{repo_path} is not the checkout the config names for {repo!r} ({config.repos[repo].path}, "
+                  f"in {source}): stepwatch runs code only from the checkouts the config names")
+        return
+    if engine == "reference" and repo in (None, "stepwatch") and (repo_path is None
+                                                                   or _same_checkout(repo_path, OWN_CHECKOUT)):
+        return
+    if repo_path is not None:
+        raise SpecError(f"{where}.repo_path: {repo_path} is not a checkout the config names in [repos] ({source}): "
+                        "stepwatch runs code only from the repositories the config names"
+                        + (", or its own checkout" if engine == "reference" else ""))
+    own = " (or, for the reference engine, leave it out or give 'stepwatch': this checkout)"
+    raise SpecError(f"{where}.repo: {repo!r} is not in the config's [repos] ({source}): stepwatch runs code only "
+                    f"from the repositories the config names{own if engine == 'reference' else ''}")
+
+
+def find_import_problem(path: str, config: Config, where: str = "spec") -> None:
+    """Refuse an import engine path outside the config's `[imports] roots` (resolved, links
+    followed: a link under a root that leads out of it is outside). Raises SpecError."""
+    real = os.path.realpath(path)
+    if any(real == root or real.startswith(root.rstrip("/") + "/") for root in config.import_roots):
+        return
+    roots = ", ".join(config.import_roots) or "none set"
+    raise SpecError(f"{where}.path: {path} is not under a directory the config allows the import engine to read "
+                    f"([imports] roots in {config.source or 'no config file'}: {roots})")
 
 
 def place_at_commit(body: dict, repo: str | None, ref: str | None, repo_path: str | None = None) -> dict:
@@ -296,7 +351,6 @@ def place_at_commit(body: dict, repo: str | None, ref: str | None, repo_path: st
 
 
 _RANGE_FIELDS = ("commits", "repo", "runs", "host", "every", "batch")
-_REPO_GIVEN = re.compile(r"^[A-Za-z0-9._/+@~][A-Za-z0-9._/+@~-]*$")  # a name or a plain path
 
 
 def check_commits(commits: str, where: str = "ref") -> str:
@@ -321,8 +375,9 @@ def parse_range_spec(body: Any, config: Config | None = None, where: str = "spec
     _need(not unknown, where, f"unknown field(s) {', '.join(sorted(unknown))}")
     check_commits(body.get("commits", ""), f"{where}.commits")
     repo = body.get("repo", "")
-    _need(isinstance(repo, str) and (repo == "" or (_REPO_GIVEN.fullmatch(repo) is not None and len(repo) <= 4096)),
-          f"{where}.repo", f"{repo!r} is neither a repo name nor a plain path")
+    _need(isinstance(repo, str) and (repo in ("", "stepwatch") or repo in config.repos), f"{where}.repo",
+          f"{repo!r} is not in the config's [repos] ({config.source or 'no config file'}): stepwatch runs code only "
+          "from the repositories the config names, or its own checkout ('' or 'stepwatch')")
     runs = body.get("runs")
     _need(isinstance(runs, list) and bool(runs) and all(isinstance(r, dict) for r in runs), f"{where}.runs",
           "must be a non-empty list of run spec tables/objects")
@@ -361,12 +416,12 @@ def _read_table_file(path: Path) -> dict:
 
 
 def load_config(path: str | Path | None) -> Config:
-    """Read a config file ([hosts.NAME], [repos.NAME], [patches.NAME]); None gives an empty one."""
+    """Read a config file ([hosts.NAME], [repos.NAME], [patches.NAME], [imports] roots); None gives an empty one."""
     if path is None:
         return Config()
     path = Path(path)
     body = _read_table_file(path)
-    unknown = set(body) - {"hosts", "repos", "patches"}
+    unknown = set(body) - {"hosts", "repos", "patches", "imports"}
     _need(not unknown, str(path), f"unknown section(s) {', '.join(sorted(unknown))}")
     hosts = {}
     for name, h in body.get("hosts", {}).items():
@@ -413,5 +468,20 @@ def load_config(path: str | Path | None) -> Config:
         for f in resolved:
             _need(Path(f).is_file(), f"{where}.files", f"{f}: no such patch file")
         patches[name] = resolved
-    return Config(hosts, repos, patches, str(path))
+    return Config(hosts, repos, patches, str(path), _read_import_roots(body.get("imports", {}), path))
+
+
+def _read_import_roots(imports: Any, path: Path) -> tuple[str, ...]:
+    """`[imports] roots = ["/data/traces", ...]`: absolute directories (resolved, links followed),
+    under which `ingest run --engine import --path P` and the form's import may read P."""
+    where = f"{path}: imports"
+    _need(isinstance(imports, dict), where, "must be a table")
+    bad = set(imports) - {"roots"}
+    _need(not bad, where, f"unknown field(s) {', '.join(sorted(bad))}")
+    roots = imports.get("roots", [])
+    _need(isinstance(roots, list) and all(isinstance(r, str) and os.path.isabs(r) for r in roots), f"{where}.roots",
+          "must be a list of absolute directory paths")
+    for root in roots:
+        _need(os.path.isdir(root), f"{where}.roots", f"{root}: no such directory")
+    return tuple(os.path.realpath(r) for r in roots)
 

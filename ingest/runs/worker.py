@@ -47,7 +47,7 @@ from .errors import CommandCancelled, CommandTimeout, HostError, RunError, SpecE
 from .expand import Expansion, expand_range
 from .git import CommitInfo, describe_commit, resolve_ref
 from .hosts import Host, LocalHost
-from .repos import ROOT
+from .repos import ROOT, check_code_source
 from .spec import Config, RangeSpec, RunSpec, parse_job_spec
 from .survival import (
     kept_bundle_path,
@@ -132,7 +132,10 @@ class Reporter:
 
 def _resolve_commit(spec: RunSpec, config: Config, host: Host) -> tuple[str, str | None, CommitInfo | None]:
     """(repo name, repo path on the host, the commit) for a spec; reference runs without a repo
-    measure this checkout at HEAD (or at `ref`)."""
+    measure this checkout at HEAD (or at `ref`). The spec's code must come from a checkout the
+    config names (repos.check_code_source: a job row of an older stepwatch, or one written by hand,
+    is refused here too)."""
+    check_code_source(spec, config)
     if spec.engine == "import":
         return spec.repo or "default", None, None
     if spec.repo and (spec.repo_path or spec.repo in config.repos):

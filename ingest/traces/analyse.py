@@ -37,6 +37,11 @@ K = {k: i for i, k in enumerate(KINDS)}
 _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _SPAN_NAME = re.compile(r"^step\[")
 _DECODE_SPAN = re.compile(r"^step\[DECODE\b")
+# speculative decoding (sglang 0.5.23 utils/profile_utils.py:485-488): the target's verify forward,
+# every forward of the draft model; the stage spans around the draft's work (spec_utils.py:852)
+_VERIFY_SPAN = re.compile(r"^step\[VERIFY\b")
+_DRAFT_SPAN = re.compile(r"^step\[DRAFT\b")
+_SPEC_STAGE = re.compile(r"^(draft|draft_extend)$")
 _GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)")
 # runtime / driver calls that launch kernels (CUDA and HIP): cudaLaunchKernel, cuLaunchKernel,
 # cudaLaunchKernelExC, cudaLaunchCooperativeKernel, hipLaunchKernel, hipExtModuleLaunchKernel, cudaGraphLaunch
@@ -475,15 +480,8 @@ def _find_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> t
 
     spans = _spans(trace, _SPAN_NAME, ("user_annotation",))
     if len(spans):
-        decode = _names_matching(trace, _DECODE_SPAN)[trace.name_id[spans]]
-        notes = []
-        if decode.any() and not decode.all():
-            notes.append(f"SGLang step spans: {int(decode.sum())} decode steps; {int((~decode).sum())} other "
-                         "forward spans (prefill, draft, ...) are not decode steps and their kernels count "
-                         "as between steps")
-            spans = spans[decode]
-        start, dur = trace.ts_us[spans], trace.dur_us[spans]
-        return "span", _place(kernels, start, start + dur), dur.copy(), notes
+        start, dur, notes = _select_step_spans(trace, spans)
+        return "span", _place(kernels, start, start + dur), dur, notes
 
     graph = _spans(trace, _GRAPH_LAUNCH, ("cuda_runtime", "cuda_driver"))
     if len(graph) and not kernels.from_cpu_ops:
@@ -495,6 +493,66 @@ def _find_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> t
     return "whole-trace", np.zeros(len(kernels.ts_us), np.int64), np.full(1, math.nan), [
         "no step markers (ProfilerStep#N, SGLang step spans or CUDA/HIP graph launches): the whole profiled "
         "window is read as one step; pass --steps N if it holds N iterations"]
+
+
+def _select_step_spans(trace: RawTrace, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(start, duration, notes) of the decode steps among SGLang's `step[...]` spans (time-ordered).
+
+    A plain decode step is one `step[DECODE ...]` forward. A speculative decoding iteration
+    (sglang 0.5.23 speculative/eagle_worker_v2.py:1444-1510) has no DECODE forward: inside a
+    `draft` stage span the draft model proposes (one graph replay without a step span, or
+    num_steps - 1 `step[DRAFT ...]` forwards), the target verifies them in one `step[VERIFY ...]`
+    forward, and inside a `draft_extend` stage span the draft extends over the accepted tokens.
+    So in a trace without DECODE spans each VERIFY span is one iteration, widened to the `draft`
+    stage right before it and the `draft_extend` stage right after it (in the time order of the
+    stage spans and the non-DRAFT step spans); a DRAFT span is never a step of its own. A trace
+    with neither (a prefill-only capture) takes every span but DRAFT ones (which, inside a
+    prefill's `draft_extend` stage, widen it) as a step; one with DRAFT spans only, all of them."""
+    names = trace.name_id[spans]
+    decode = _names_matching(trace, _DECODE_SPAN)[names]
+    verify = _names_matching(trace, _VERIFY_SPAN)[names]
+    draft = _names_matching(trace, _DRAFT_SPAN)[names]
+    notes = []
+    if decode.any():
+        chosen = decode
+    elif verify.any():
+        chosen = verify
+    elif (~draft).any():
+        chosen = ~draft
+    else:
+        chosen = np.ones(len(spans), bool)
+    anchors = spans[chosen]
+    start, dur = trace.ts_us[anchors], trace.dur_us[anchors].copy()
+    stages = _spans(trace, _SPEC_STAGE, ("user_annotation",))
+    widened = 0
+    if len(stages):
+        # the sequence of stage spans (0 draft, 1 draft_extend) and step spans (2) but DRAFT ones
+        marks = np.concatenate([stages, spans[~draft]])
+        kind = np.concatenate([(np.asarray(trace.names, dtype=object)[trace.name_id[stages]] == "draft_extend")
+                               .astype(np.int64), np.full(int((~draft).sum()), 2)])
+        order = np.lexsort((marks, trace.ts_us[marks]))
+        marks, kind = marks[order], kind[order]
+        by_event = np.argsort(marks, kind="stable")
+        pos = by_event[np.searchsorted(marks[by_event], anchors)]
+        before, after = np.maximum(pos - 1, 0), np.minimum(pos + 1, len(marks) - 1)
+        has_draft = (pos > 0) & (kind[before] == 0)
+        has_extend = (pos < len(marks) - 1) & (kind[after] == 1)
+        end = np.where(has_extend, trace.ts_us[marks[after]] + trace.dur_us[marks[after]], start + dur)
+        start = np.where(has_draft, trace.ts_us[marks[before]], start)
+        widen = has_draft | has_extend
+        dur = np.where(widen, end - start, dur)  # (an unwidened span keeps its own duration, to the ns)
+        widened = int(widen.sum())
+    others = int((~chosen).sum())
+    if decode.any() and others:
+        notes.append(f"SGLang step spans: {int(decode.sum())} decode steps; {others} other forward spans (prefill, "
+                     "draft, ...) are not decode steps and their kernels count as between steps")
+    elif verify.any():
+        notes.append(f"SGLang speculative decoding: {len(anchors)} decode iterations, each a `step[VERIFY ...]` "
+                     f"forward of the target ({widened} with their draft and draft-extend stages); an iteration "
+                     "emits 1 to speculative_num_draft_tokens tokens per request, so a step is not one token"
+                     + (f"; {others} other forward spans (prefill, draft, ...) count as between steps"
+                        if others - int(draft.sum()) > 0 else ""))
+    return start, dur, notes
 
 
 def _extent_per_step(step: np.ndarray, start: np.ndarray, end: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -514,7 +572,8 @@ def assign_steps(trace: RawTrace, kernels: Kernels, given_steps: int | None) -> 
 
     Steps come from `given_steps` equal runs of kernels when given, else ProfilerStep#N
     annotations, else SGLang's `step[...]` forward spans (only `step[DECODE ...]` when the trace
-    has any: prefill and draft forwards are not decode steps), else one step per CUDA-graph
+    has any: prefill and draft forwards are not decode steps; speculative decoding's iterations
+    when it has `step[VERIFY ...]` ones: _select_step_spans), else one step per CUDA-graph
     launch, else the whole profiled window as one step. A kernel belongs to the step whose host
     span holds its launch; kernels launched outside every step are kept (in the kernel table)
     and reported as between steps, and so are kernels launched outside the recorded window

@@ -97,16 +97,36 @@ def find_traces(path: Path) -> tuple[list[Path], Manifest | None, list[str]]:
 
 def hash_traces(files: list[Path]) -> str:
     """Content hash of the traces' bytes (file order fixed by rank), the run's identity."""
+    return digest_traces(files)[0]
+
+
+def digest_traces(files: list[Path]) -> tuple[str, list[tuple[int, str]]]:
+    """In one read of each file: the content hash of all (hash_traces) and each file's (bytes,
+    sha256), which the dashboard checks before it serves the file (app/traces.py)."""
     h = hashlib.blake2b(digest_size=20)
+    each = []
     for f in files:
+        one, size = hashlib.sha256(), 0
         try:
             with open(f, "rb") as fh:
                 while chunk := fh.read(1 << 20):
                     h.update(chunk)
+                    one.update(chunk)
+                    size += len(chunk)
         except OSError as e:
             raise TraceError(f, f"cannot read ({e.strerror})") from None
         h.update(b"\0file\0")
-    return h.hexdigest()
+        each.append((size, one.hexdigest()))
+    return h.hexdigest(), each
+
+
+def describe_trace_files(path: Path, files: list[Path], digests: list[tuple[int, str]]) -> tuple[str, list[dict]]:
+    """(trace_root, trace_digests) of a run (db.store.RunRecord): the directory its traces lie in,
+    resolved (the path itself, or a plain trace's directory), and each trace's name there, size
+    and sha256, as the dashboard checks them before it serves one."""
+    root = path.resolve() if path.is_dir() else path.resolve().parent
+    names = [f.resolve().name if not path.is_dir() else f.name for f in files]
+    return str(root), [{"name": n, "bytes": b, "sha256": d} for n, (b, d) in zip(names, digests)]
 
 
 def analyse_files(files: list[Path], rules: list[Rule], steps: int | None,
@@ -359,7 +379,7 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
     files, manifest, file_notes = find_traces(path)
     mappings = find_mapping(opts.mapping, manifest, path, files)
     steps = opts.steps if opts.steps is not None else (manifest.profiled_steps if manifest else None)
-    content_hash = hash_traces(files + mappings)  # attributed or not: two runs
+    content_hash, digests = digest_traces(files + mappings)  # attributed or not: two runs
     try:
         if watch is None:
             figures = analyse_files(files, rules, steps, opts.limits, mappings=mappings)
@@ -370,7 +390,9 @@ def prepare_import(path: str | Path, rules: list[Rule], opts: ImportOptions,
     except TraceError as e:
         raise _with_files_left_out(e, path, files, manifest) from None
     record = build_record(path, files, figures, manifest, opts, content_hash)
-    record = dataclasses.replace(record, notes=file_notes + record.notes)
+    trace_root, trace_digests = describe_trace_files(path, files, digests[:len(files)])
+    record = dataclasses.replace(record, notes=file_notes + record.notes, trace_root=trace_root,
+                                 trace_digests=trace_digests)
     record = dataclasses.replace(record, diagnosis=diagnose_record(record))
     return check_record(record, figures[0].timeline,
                         opts.patterns if opts.patterns is not None else load_pattern_catalog())

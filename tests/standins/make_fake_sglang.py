@@ -31,9 +31,17 @@ process per TP rank, and models what the engine's server path depends on:
   decode trace (a late prefill saves the decode capture as -EXTEND; /stop_profile then answers
   500) and, in commit 2, its remedy SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS;
 - SGLang's step spans (commit 2): every ModelRunner.forward inside
-  `torch.profiler.record_function(build_step_span_name(...))`, `step[EXTEND bs=N toks=T]` and
-  `step[DECODE bs=N]`, in one-batch and server runs alike, with decode under a CUDA-graph-like
-  shape (`--disable-cuda-graph`, deprecated in 0.5.23 but accepted, turns it off).
+  `torch.profiler.record_function(build_step_span_name(...))`, `step[EXTEND bs=N toks=T]`,
+  `step[DECODE bs=N]`, `step[MIXED bs=N]`, `step[IDLE bs=0]` and, with speculative decoding,
+  `step[VERIFY bs=N]` and `step[DRAFT bs=N]` inside `draft` / `draft_extend` stage spans, in
+  one-batch and server runs alike, with decode and verify under a CUDA-graph-like shape
+  (`--disable-cuda-graph`, deprecated in 0.5.23 but accepted, turns it off);
+- the server's arguments: sglang 0.5.23's whole set when make_fake_sglang is given it (read from
+  the wheel, tests/sglang_wheel.py), else a built-in few; unknown ones refused as argparse does;
+  `/generate` refuses unknown sampling parameters with 400 (api_contract.py);
+- the model directory: config.json with its model_type and a tokenizer, even with
+  `--load-format dummy` (write_model_config writes both);
+- DP attention (`--attn-dp-size`): each DP rank's own batch and profiler, files -TP-{tp}-DP-{dp}.
 
 Both benchmarks append SGLang's JSONL record to --result-filename and write REAL torch.profiler
 traces (CPU ops of a tiny MLA-like decode model, with_stack=True). The model's attention runs
@@ -71,6 +79,14 @@ from ingest.runs.engines.sglang_choices import (  # noqa: E402  (0.5.23's lists,
 )
 
 GATHER_PATCH = HERE / "fake-gather-then-cast.patch"
+# sglang/api/v1/api_types.py:1256 _FIELDS_SamplingParams, in its order (tests/test_sglang_flags.py
+# checks it against the wheel)
+SAMPLING_PARAMS_FIELDS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+                          "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens",
+                          "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
+                          "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+                          "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
+                          "watermark", "choice")
 STALE_PATCH = HERE / "fake-stale-context.patch"
 CURRENT_VERSION = "0.5.23"  # commit 2's tag, v0.5.23
 OLD_VERSION = "0.4.0"  # commit 1's python/sglang/version.py
@@ -175,53 +191,125 @@ DECODE_MIN_BS_FIELD = '''    # profile_by_stage: do not start the decode-stage c
     SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS = EnvInt(0)
 '''
 
-SERVER_ARGS = f'''"""The server flags the stand-in honours: SGLang's names, aliases and (0.5.23's) choices."""
+# The server flags the stand-in declares, one dict each: the argparse call sglang 0.5.23 makes for
+# it (names, dest, action, nargs, type, choices, required). make_fake_sglang(server_flags=...)
+# takes the release's whole set, read from the wheel's sources at test time
+# (tests/sglang_wheel.py read_server_flags: the fields of sglang/srt/arg_groups/fields/*.py as
+# arg_utils.py:298-417 turns them into flags, and server_args.py:351-441's own add_argument
+# calls); without it (no wheel: no network) the stand-in declares only these, each as 0.5.23
+# declares it (tests/test_sglang_flags.py checks them against the wheel).
+def _flag(names, dest=None, action="store", type="str", nargs=None, choices=None, required=False, const=None):
+    return {"names": list(names), "dest": dest or names[0][2:].replace("-", "_"), "action": action, "type": type,
+            "nargs": nargs, "choices": list(choices) if choices else None, "required": required, "const": const}
+
+
+BUILT_IN_SERVER_FLAGS = [
+    _flag(["--model-path", "--model"], "model_path", required=True),  # fields/model.py
+    _flag(["--tokenizer-path"]),
+    _flag(["--tp-size", "--tensor-parallel-size"], "tp_size", type="int"),  # fields/parallel.py
+    _flag(["--dp-size", "--data-parallel-size"], "dp_size", type="int"),
+    _flag(["--attn-dp-size", "--attention-data-parallel-size"], "attn_dp_size", type="int"),
+    _flag(["--enable-dp-attention"], action="store_true"),  # server_args.py:418 (deprecated)
+    _flag(["--load-format"], choices=LOAD_FORMAT_CHOICES),
+    _flag(["--kv-cache-dtype"], choices=KV_CACHE_DTYPE_CHOICES),
+    _flag(["--attention-backend"], choices=ATTENTION_BACKEND_CHOICES),
+    _flag(["--max-total-tokens"], type="human_int"),  # fields/schedule.py:39-50
+    _flag(["--max-running-requests"], type="int"),
+    _flag(["--max-prefill-tokens"], type="human_int"),
+    _flag(["--enable-mixed-chunk"], action="store_true"),
+    _flag(["--disable-cuda-graph"], action="store_true"),  # server_args.py:410 (deprecated)
+    _flag(["--trust-remote-code"], action="store_true"),
+    _flag(["--skip-tokenizer-init"], action="store_true"),
+    _flag(["--log-level"]),
+    _flag(["--host"]),
+    _flag(["--port"], type="int"),
+    _flag(["--speculative-algorithm"]),  # fields/spec.py:31-74
+    _flag(["--speculative-draft-model-path", "--speculative-draft-model"], "speculative_draft_model_path"),
+    _flag(["--speculative-draft-load-format"], choices=LOAD_FORMAT_CHOICES),
+    _flag(["--speculative-num-steps"], type="int"),
+    _flag(["--speculative-eagle-topk"], type="int"),
+    _flag(["--speculative-num-draft-tokens"], type="int"),
+]
+
+SERVER_ARGS = '''"""The server flags of the stand-in: sglang 0.5.23's (SERVER_FLAGS, written by
+tests/standins/make_fake_sglang.py), declared with argparse as ServerArgs.add_cli_args declares
+them, so an unknown flag, a missing value, a value outside a flag's choices or a non-number for a
+number is refused as SGLang's argparse refuses it (exit 2). The stand-in honours the few in
+HONOURED; it takes and ignores every other."""
 
 import argparse
-import dataclasses
+import json
+import re
 
-ATTENTION_BACKEND_CHOICES = {list(ATTENTION_BACKEND_CHOICES)!r}
-KV_CACHE_DTYPE_CHOICES = {list(KV_CACHE_DTYPE_CHOICES)!r}
-LOAD_FORMAT_CHOICES = {list(LOAD_FORMAT_CHOICES)!r}
-'''
-SERVER_ARGS += '''
+SERVER_FLAGS = json.loads(__SERVER_FLAGS__)
 
-@dataclasses.dataclass
+
+def human_readable_int(value):
+    """utils/common.py:3394-3430: an integer, or one with an SI (k, M, G, T) or IEC (Ki .. Ti) suffix."""
+    value = value.strip()
+    match = re.fullmatch(r"(\\d+(?:\\.\\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.endswith("i"):
+            if "." in number:
+                raise argparse.ArgumentTypeError(f"Decimals are not allowed with IEC suffixes like '{suffix}'.")
+            return int(number) * {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[suffix]
+        return int(float(number) * {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix])
+    return int(value)
+
+
+TYPES = {"int": int, "float": float, "str": str, "human_int": human_readable_int}
+
+# what the stand-in does something with, and its default when the flag is not given
+HONOURED = {"model_path": None, "tokenizer_path": None, "tp_size": 1, "dp_size": 1, "attn_dp_size": 1,
+            "enable_dp_attention": False, "load_format": "auto",
+            "kv_cache_dtype": "auto", "attention_backend": None, "max_total_tokens": None,
+            "max_running_requests": None, "max_prefill_tokens": 16384, "enable_mixed_chunk": False,
+            "disable_cuda_graph": False, "trust_remote_code": False, "skip_tokenizer_init": False,
+            "log_level": "info", "host": "127.0.0.1", "port": 30000, "speculative_algorithm": None,
+            "speculative_draft_model_path": None, "speculative_draft_load_format": None,
+            "speculative_num_steps": None, "speculative_eagle_topk": None, "speculative_num_draft_tokens": None}
+
+
 class ServerArgs:
-    model_path: str
-    tp_size: int = 1
-    load_format: str = "auto"
-    kv_cache_dtype: str = "auto"
-    attention_backend: str = None
-    max_total_tokens: int = None
-    max_running_requests: int = None
-    max_prefill_tokens: int = 16384
-    disable_cuda_graph: bool = False
-    trust_remote_code: bool = False
-    log_level: str = "info"
-    host: str = "127.0.0.1"
-    port: int = 30000
+    def __init__(self, **values):
+        for name, default in HONOURED.items():
+            value = values.get(name)
+            setattr(self, name, default if value is None else value)
+        self.tokenizer_path = self.tokenizer_path or self.model_path
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser):
-        parser.add_argument("--model-path", "--model", dest="model_path", type=str, required=True)
-        parser.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-        parser.add_argument("--load-format", type=str, default="auto", choices=LOAD_FORMAT_CHOICES)
-        parser.add_argument("--kv-cache-dtype", type=str, default="auto", choices=KV_CACHE_DTYPE_CHOICES)
-        parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES)
-        parser.add_argument("--max-total-tokens", type=int, default=None)
-        parser.add_argument("--max-running-requests", type=int, default=None)
-        parser.add_argument("--max-prefill-tokens", type=int, default=16384)
-        parser.add_argument("--disable-cuda-graph", action="store_true")
-        parser.add_argument("--trust-remote-code", action="store_true")
-        parser.add_argument("--log-level", type=str, default="info")
-        parser.add_argument("--host", type=str, default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=30000)
+        for flag in SERVER_FLAGS:
+            kwargs = {"dest": flag["dest"]}
+            if flag["action"] == "store_true":
+                kwargs["action"] = "store_true"
+            elif flag["action"] == "boolean_optional":
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = TYPES[flag["type"]]
+                if flag["nargs"] is not None:
+                    kwargs["nargs"] = flag["nargs"]
+                if flag["choices"] is not None:
+                    kwargs["choices"] = flag["choices"]
+                if flag["required"]:
+                    kwargs["required"] = True
+                if flag.get("const") is not None and flag["nargs"] == "?":
+                    kwargs["const"] = flag["const"]
+            parser.add_argument(*flag["names"], **kwargs)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace):
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        return cls(**{name: getattr(args, name, None) for name in HONOURED})
 '''
+
+
+def write_server_args(server_flags=None) -> str:
+    """The stand-in's python/sglang/srt/server_args.py, declaring `server_flags` (the release's,
+    from tests/sglang_wheel.py read_server_flags) or BUILT_IN_SERVER_FLAGS."""
+    flags = BUILT_IN_SERVER_FLAGS if server_flags is None else server_flags
+    return SERVER_ARGS.replace("__SERVER_FLAGS__", repr(json.dumps(flags)))
+
 
 BACKEND = f'''"""MLA decode attention, shaped like SGLang's flashinfer_mla_backend.forward_decode."""
 
@@ -241,32 +329,51 @@ class FlashInferMLAAttnBackend:
         return torch.bmm(scores, k[..., :KV_LORA_RANK])
 '''
 
-# Commit 2: sglang 0.5.23's step span. ModelRunner.forward (model_executor/model_runner.py:1831)
-# enters profile_range(build_step_span_name(forward_batch, ...)); profile_range
+# Commit 2: sglang 0.5.23's step span. ModelRunner.forward (model_executor/model_runner.py:1831-1838)
+# enters profile_range(build_step_span_name(forward_batch, is_draft_worker=...)); profile_range
 # (utils/nvtx_utils.py:84-97) is a torch record_function while a profiler runs and nothing
-# otherwise; build_step_span_name (utils/profile_utils.py:462-505) names it
-# `step[EXTEND bs={bs} toks={extend_num_tokens}]` for EXTEND and `step[{mode.name} bs={bs}]` for
-# every other mode (the detailed-annotation suffix only with a detailed_annotations profile,
-# which the engine does not ask for).
+# otherwise; build_step_span_name (utils/profile_utils.py:462-505) names it `step[DRAFT bs={bs}]`
+# for every forward of a draft model runner (:485-486), `step[VERIFY bs={bs}]` for the target's
+# TARGET_VERIFY (:487-488), `step[EXTEND bs={bs} toks={extend_num_tokens}]` for EXTEND (:491-493)
+# and `step[{mode.name} bs={bs}]` for every other mode (DECODE, IDLE, MIXED, ...); the
+# detailed-annotation suffix only with a detailed_annotations profile, which the engine does not
+# ask for. Speculative decoding's coarse stages are spans named `draft` and `draft_extend`
+# (speculative/spec_utils.py:852-856 spec_stage_span, entered at eagle_worker_v2.py:1478,1501,1593).
 STEP_SPAN_CURRENT = '''"""The step span around every ModelRunner.forward (stand-in for sglang 0.5.23's
-utils/profile_utils.py build_step_span_name and utils/nvtx_utils.py profile_range)."""
+utils/profile_utils.py build_step_span_name and utils/nvtx_utils.py profile_range), and the
+speculative stage spans (speculative/spec_utils.py spec_stage_span)."""
 
 from contextlib import nullcontext
 
 import torch
 
 
-def build_step_span_name(forward_batch):
+def build_step_span_name(forward_batch, is_draft_worker=False):
     bs = forward_batch.batch_size
-    if forward_batch.forward_mode == "EXTEND":
-        return f"step[EXTEND bs={bs} toks={forward_batch.extend_num_tokens or 0}]"
-    return f"step[{forward_batch.forward_mode} bs={bs}]"
+    mode = forward_batch.forward_mode
+    if is_draft_worker:
+        stage = "DRAFT"
+    elif mode == "TARGET_VERIFY":
+        stage = "VERIFY"
+    else:
+        stage = mode
+    if mode == "EXTEND":
+        return f"step[{stage} bs={bs} toks={forward_batch.extend_num_tokens or 0}]"
+    return f"step[{stage} bs={bs}]"
 
 
-def step_span(forward_batch):
+def profile_range(name):
     if not torch.autograd._profiler_enabled():
         return nullcontext()
-    return torch.profiler.record_function(build_step_span_name(forward_batch))
+    return torch.profiler.record_function(name)
+
+
+def step_span(forward_batch, is_draft_worker=False):
+    return profile_range(build_step_span_name(forward_batch, is_draft_worker))
+
+
+def spec_stage_span(name):
+    return profile_range(name)
 
 
 # torch 2.13 imports torch.profiler._cupti_monitor on the first record_function. Imported inside a
@@ -280,7 +387,11 @@ STEP_SPAN_OLD = '''"""Releases before build_step_span_name wrapped no span aroun
 from contextlib import nullcontext
 
 
-def step_span(forward_batch):
+def step_span(forward_batch, is_draft_worker=False):
+    return nullcontext()
+
+
+def spec_stage_span(name):
     return nullcontext()
 '''
 
@@ -313,7 +424,7 @@ import os
 
 import torch
 
-from sglang.srt.fake_step_span import step_span
+from sglang.srt.fake_step_span import spec_stage_span, step_span
 from sglang.srt.layers.attention.flashinfer_mla_backend import KV_LORA_RANK, FlashInferMLAAttnBackend
 
 KV_DIM = 576
@@ -362,7 +473,9 @@ class Req:
 
 
 class ForwardBatch:
-    """What one forward reads: its mode, batch size, new tokens and KV indices."""
+    """What one forward reads: its mode (a ForwardMode name: EXTEND, DECODE, TARGET_VERIFY,
+    DRAFT_EXTEND_V2, IDLE, MIXED; forward_batch_info.py:198-222), batch size, new tokens and KV
+    indices."""
 
     def __init__(self, forward_mode, reqs):
         self.forward_mode = forward_mode
@@ -370,6 +483,12 @@ class ForwardBatch:
         self.extend_num_tokens = sum(r.input_len for r in reqs) if forward_mode == "EXTEND" else None
         longest = max(len(r.rows) for r in reqs)
         self.kv_indices = torch.cat([torch.cat([r.rows, r.rows[:1].expand(longest - len(r.rows))]) for r in reqs])
+
+
+class IdleBatch:
+    forward_mode = "IDLE"
+    batch_size = 0
+    extend_num_tokens = None
 
 
 class LaunchedWork:
@@ -394,7 +513,9 @@ class CudaGraphRunner:
         self.static_hidden = torch.zeros(CUDA_GRAPH_MAX_BS, HIDDEN, dtype=torch.bfloat16)
 
     def can_run_graph(self, forward_batch):
-        return forward_batch.forward_mode == "DECODE" and forward_batch.batch_size <= CUDA_GRAPH_MAX_BS
+        # ForwardMode.is_cuda_graph (forward_batch_info.py:275-279): DECODE, TARGET_VERIFY, IDLE
+        mode = forward_batch.forward_mode
+        return mode in ("DECODE", "TARGET_VERIFY") and forward_batch.batch_size <= CUDA_GRAPH_MAX_BS
 
     def replay(self, forward_batch, hidden):
         static = self.static_hidden[: forward_batch.batch_size]
@@ -402,23 +523,46 @@ class CudaGraphRunner:
         return LaunchedWork(lambda: self.model_runner.forward_raw(forward_batch, static))
 
 
-def read_model_config(server_args):
-    path = os.path.join(server_args.model_path, "config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def read_model_config(model_path, load_format):
+    """ModelConfig.from_server_args (benchmark/one_batch.py:332; transformers' AutoConfig): a
+    config.json with a model_type, even with --load-format dummy (dummy skips the weights only)."""
+    path = os.path.join(model_path, "config.json")
     if not os.path.isfile(path):
-        raise ValueError(f"Can't load the configuration of '{server_args.model_path}': no config.json")
+        raise ValueError(f"Can't load the configuration of '{model_path}': no config.json")
     with open(path) as f:
         config = json.load(f)
-    if server_args.load_format != "dummy" and not glob.glob(os.path.join(server_args.model_path, "*.safetensors")):
-        raise RuntimeError(f"Cannot find any model weights with `{server_args.model_path}`")
+    if "model_type" not in config:
+        raise ValueError(f"Unrecognized model in {model_path}. Should have a `model_type` key in its config.json")
+    if load_format != "dummy" and not glob.glob(os.path.join(model_path, "*.safetensors")):
+        raise RuntimeError(f"Cannot find any model weights with `{model_path}`")
     return config
 
 
+def get_tokenizer(tokenizer_path):
+    """get_tokenizer (one_batch.py:374-378, the server's tokenizer manager too): transformers'
+    AutoTokenizer needs the tokenizer's files in the directory, weights or not."""
+    if not any(os.path.isfile(os.path.join(tokenizer_path, name)) for name in TOKENIZER_FILES):
+        raise OSError(f"Can't load tokenizer for '{tokenizer_path}'. Otherwise, make sure '{tokenizer_path}' is the "
+                      "correct path to a directory containing all relevant files for a tokenizer.")
+    return tokenizer_path
+
+
 class ModelRunner:
-    def __init__(self, server_args, tp_rank=0):
+    def __init__(self, server_args, tp_rank=0, is_draft_worker=False):
         self.tp_rank = tp_rank  # every rank computes the whole (tiny) model: nothing is sharded
-        config = read_model_config(server_args)
-        gen = torch.Generator().manual_seed(1)
-        self.layers = [Layer(i, gen) for i in range(config["num_hidden_layers"])]
+        self.is_draft_worker = is_draft_worker
+        if is_draft_worker:  # an EAGLE/MTP draft: one layer (num_nextn_predict_layers)
+            path = server_args.speculative_draft_model_path or server_args.model_path
+            config = read_model_config(path, server_args.speculative_draft_load_format or server_args.load_format)
+            layers = config.get("num_nextn_predict_layers") or 1
+        else:
+            config = read_model_config(server_args.model_path, server_args.load_format)
+            layers = config["num_hidden_layers"]
+        gen = torch.Generator().manual_seed(3 if is_draft_worker else 1)
+        self.layers = [Layer(i, gen) for i in range(layers)]
         self.max_total_num_tokens = server_args.max_total_tokens or DEFAULT_POOL_TOKENS
         self.token_to_kv_pool = MLATokenToKVPool(self.max_total_num_tokens, len(self.layers),
                                                  server_args.kv_cache_dtype)
@@ -440,7 +584,7 @@ class ModelRunner:
 
     def forward(self, forward_batch, hidden):
         """ModelRunner.forward: the step span around the forward; a decode batch replays the graph."""
-        with step_span(forward_batch):
+        with step_span(forward_batch, self.is_draft_worker):
             if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
                 return self.graph_runner.replay(forward_batch, hidden)
             return self.forward_raw(forward_batch, hidden)
@@ -463,13 +607,123 @@ class ModelRunner:
         hidden = torch.randn(len(reqs), HIDDEN, generator=self.gen).to(torch.bfloat16)
         return self.sample(self.forward(ForwardBatch("EXTEND", reqs), hidden), reqs)
 
-    def decode(self, reqs):
-        """A decode batch: one new KV row each (prepare_for_decode), the forward, sample."""
+    def mixed(self, new, running):
+        """A MIXED batch (--enable-mixed-chunk): the new requests' prefill and the running ones'
+        decode step in one forward, `step[MIXED bs=N]` (profile_utils.py:491-495: no toks)."""
+        for req in new:
+            req.rows = torch.randperm(self.max_total_num_tokens, generator=self.gen)[: req.input_len]
+        self.add_decode_rows(running)
+        fresh = torch.randn(len(new), HIDDEN, generator=self.gen).to(torch.bfloat16)
+        hidden = torch.cat([fresh] + ([torch.stack([r.hidden for r in running])] if running else []))
+        return self.sample(self.forward(ForwardBatch("MIXED", new + running), hidden), new + running)
+
+    def idle(self):
+        """An IDLE forward of a DP rank without requests while others run (`step[IDLE bs=0]`)."""
+        with step_span(IdleBatch(), self.is_draft_worker):
+            pass
+
+    def add_decode_rows(self, reqs):
         new = torch.randint(0, self.max_total_num_tokens, (len(reqs),), generator=self.gen)
         for req, row in zip(reqs, new):
             req.rows = torch.cat([req.rows, row[None]])
+
+    def decode(self, reqs):
+        """A decode batch: one new KV row each (prepare_for_decode), the forward, sample."""
+        self.add_decode_rows(reqs)
         hidden = torch.stack([req.hidden for req in reqs])
         return self.sample(self.forward(ForwardBatch("DECODE", reqs), hidden), reqs)
+
+
+class EagleWorker:
+    """Speculative decoding as sglang 0.5.23's EAGLEWorkerV2 runs it (speculative/eagle_worker_v2.py;
+    EAGLE, EAGLE3, NEXTN and STANDALONE take this path), around a target and a draft ModelRunner:
+
+    - prefill (_forward_prefill_batch :1540-1595): the target's EXTEND forward, then inside the
+      `draft_extend` stage span the draft's forward (`step[DRAFT ...]`, :1062);
+    - one decode iteration (forward_batch_generation :1444-1510): inside the `draft` stage span
+      (:1478) the draft proposes (draft :660-740): under CUDA graphs one replay of the draft
+      graph, which bypasses ModelRunner.forward and so has no step span (:692-695), else
+      speculative_num_steps - 1 draft forwards, each `step[DRAFT bs=N]` (draft_forward :780-847);
+      then the target verifies the tree in one TARGET_VERIFY forward, `step[VERIFY bs=N]`
+      (verify :1979, a CUDA-graph mode); then inside the `draft_extend` stage span (:1501) the
+      draft extends over the accepted tokens (_draft_extend_for_decode :1205-1213): a graph
+      replay (no step span), else one draft forward, `step[DRAFT bs=N]`.
+
+    What is not modelled: acceptance. The stand-in's draft is random (as a --load-format dummy
+    draft is), so each iteration accepts no draft token and emits the bonus token only: one
+    token per request per iteration, as a plain decode step; a real draft emits 1 to
+    speculative_num_draft_tokens tokens per iteration. The draft graph's work runs when the
+    verify's sample() waits (the tree it feeds is the verify's input); the draft-extend graph's
+    when the scheduler processes the result, right after its stage span."""
+
+    def __init__(self, server_args, tp_rank=0):
+        self.target = ModelRunner(server_args, tp_rank)
+        self.draft_runner = ModelRunner(server_args, tp_rank, is_draft_worker=True)
+        # SGLang picks these per model when unset (speculative_hook.py); the stand-in: 3 steps, topk 1
+        self.num_steps = server_args.speculative_num_steps or 3
+
+    def extend(self, reqs):
+        out = self.target.extend(reqs)
+        hidden = torch.stack([req.hidden for req in reqs])
+        with spec_stage_span("draft_extend"):
+            self.draft_runner.forward(ForwardBatch("DRAFT_EXTEND_V2", reqs), hidden)
+        return out
+
+    def _draft_work(self, forward_batch, hidden, forwards):
+        def run():
+            x = hidden
+            for _ in range(forwards):
+                x = self.draft_runner.forward_raw(forward_batch, x)
+            return x
+        return run
+
+    def decode(self, reqs):
+        self.target.add_decode_rows(reqs)
+        hidden = torch.stack([req.hidden for req in reqs])
+        draft_graph = self.draft_runner.graph_runner
+        with spec_stage_span("draft"):
+            batch = ForwardBatch("DECODE", reqs)
+            if draft_graph is not None:
+                draft_graph.static_hidden[: len(reqs)].copy_(hidden)
+                proposal = LaunchedWork(self._draft_work(batch, draft_graph.static_hidden[: len(reqs)],
+                                                         self.num_steps - 1))
+            else:
+                proposal = hidden
+                for _ in range(self.num_steps - 1):
+                    proposal = self.draft_runner.forward(batch, proposal)
+        verified = self.target.forward(ForwardBatch("TARGET_VERIFY", reqs), hidden)
+        if isinstance(proposal, LaunchedWork):
+            proposal.wait()
+        out = self.target.sample(verified, reqs)
+        with spec_stage_span("draft_extend"):
+            batch = ForwardBatch("DRAFT_EXTEND_V2", reqs)
+            after = torch.stack([req.hidden for req in reqs])
+            if draft_graph is not None:
+                extended = LaunchedWork(self._draft_work(batch, after, 1))
+            else:
+                extended = self.draft_runner.forward(batch, after)
+        if isinstance(extended, LaunchedWork):
+            extended.wait()
+        return out
+
+    def idle(self):
+        self.target.idle()
+
+    def mixed(self, new, running):
+        raise NotImplementedError("the stand-in does not mix chunked prefill with speculative decoding")
+
+    def synchronize(self):
+        pass
+
+
+def make_worker(server_args, tp_rank=0):
+    """The scheduler's model worker: a TpModelWorker's runner, or the speculative worker."""
+    algorithm = (getattr(server_args, "speculative_algorithm", None) or "").upper()
+    if algorithm in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"):
+        return EagleWorker(server_args, tp_rank)
+    if algorithm:
+        raise NotImplementedError(f"the stand-in models EAGLE-style speculative decoding only, not {algorithm}")
+    return ModelRunner(server_args, tp_rank)
 '''
 
 CURRENT_BENCH = '''"""
@@ -489,7 +743,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from sglang.srt.fake_model_runner import ModelRunner, Req
+from sglang.srt.fake_model_runner import ModelRunner, Req, get_tokenizer
 from sglang.srt.server_args import ServerArgs
 
 
@@ -643,6 +897,7 @@ def latency_test(server_args, bench_args):
         raise NotImplementedError("the stand-in's one-batch benchmark runs tp_size 1 only")
     model_runner = ModelRunner(server_args)
     rank_print(f"max_total_num_tokens={model_runner.max_total_num_tokens}")
+    get_tokenizer(server_args.tokenizer_path)  # one_batch.py:374-378, whatever --load-format
     rank_print("Warmup ...")
     latency_test_run_once(bench_args.run_name, model_runner, rank_print, bench_args.batch_size[0],
                           bench_args.input_len[0], min(32, bench_args.output_len[0]), 0, False, False,
@@ -691,7 +946,7 @@ from typing import Tuple
 
 import torch
 
-from sglang.srt.fake_model_runner import ModelRunner, Req
+from sglang.srt.fake_model_runner import ModelRunner, Req, get_tokenizer
 from sglang.srt.server_args import ServerArgs
 
 
@@ -786,6 +1041,7 @@ def latency_test(server_args, bench_args):
         raise NotImplementedError("the stand-in's one-batch benchmark runs tp_size 1 only")
     model_runner = ModelRunner(server_args)
     rank_print(f"max_total_num_tokens={model_runner.max_total_num_tokens}")
+    get_tokenizer(server_args.tokenizer_path)  # one_batch.py:374-378, whatever --load-format
     rank_print("Warmup ...")
     latency_test_run_once(bench_args.run_name, model_runner, rank_print, bench_args.batch_size[0],
                           bench_args.input_len[0], 8, profile=False, profile_filename_prefix="")
@@ -825,10 +1081,15 @@ import torch
 
 from sglang.srt.environ import envs
 
+# ForwardMode.is_prefill = is_extend (model_executor/forward_batch_info.py:224-235)
+PREFILL_MODES = ("EXTEND", "MIXED", "TARGET_VERIFY", "SPLIT_PREFILL", "DLLM_EXTEND")
+
 
 class SchedulerProfilerManager:
-    def __init__(self, tp_rank, get_forward_ct):
+    def __init__(self, tp_rank, get_forward_ct, dp_rank=0, num_dp_ranks=1):
         self.tp_rank = tp_rank
+        self.dp_rank = dp_rank
+        self.num_dp_ranks = num_dp_ranks
         self.get_forward_ct = get_forward_ct
         self.torch_profiler = None
         self.activities = None
@@ -895,9 +1156,11 @@ class SchedulerProfilerManager:
         stage_suffix = f"-{stage}" if stage else ""
         if self.torch_profiler is not None:
             self.torch_profiler.stop()
-            # :344-363 (DP/PP/EP parts only when those sizes are > 1: never here)
-            filename = (stage_prefix + "-".join([self.profile_id, f"TP-{self.tp_rank}"]) + stage_suffix
-                        + ".trace.json.gz")
+            # :344-363: the DP part only with more than one DP rank (PP and EP, > 1 only: never here)
+            parts = [self.profile_id, f"TP-{self.tp_rank}"]
+            if self.num_dp_ranks > 1:
+                parts.append(f"DP-{self.dp_rank}")
+            filename = stage_prefix + "-".join(parts) + stage_suffix + ".trace.json.gz"
             self.torch_profiler.export_chrome_trace(os.path.join(self.output_dir, filename))
             # :364 then waits at a barrier of the TP group; the stand-in's ranks run in lockstep
         self.torch_profiler = None
@@ -906,9 +1169,10 @@ class SchedulerProfilerManager:
         return True, "Succeeded."
 
     def profile_batch_predicate(self, forward_mode, batch_size):
-        # :413-457, called before every forward (scheduler.py:4639)
+        # :413-457, called before every forward (scheduler.py:4639) with the scheduler's batch:
+        # its mode, and its size on this DP rank (ScheduleBatch.batch_size())
         if self.profile_by_stage:
-            if forward_mode == "EXTEND":
+            if forward_mode in PREFILL_MODES:
                 if self.profiler_prefill_ct == 0:
                     self.start_profile(forward_mode)
                 self.profiler_prefill_ct += 1
@@ -925,6 +1189,10 @@ __DECODE_MIN_BS_CHECK__                    self.start_profile(forward_mode)
                 if self.profiler_decode_ct > self.profiler_target_decode_ct:
                     if self.profile_in_progress:
                         self.stop_profile(stage="DECODE")
+            elif forward_mode in ("IDLE", "PREBUILT"):
+                pass  # :441-444
+            else:
+                raise RuntimeError(f"unsupported profile stage: {forward_mode}")  # :446
         else:
             if self.profiler_target_forward_ct and self.profiler_target_forward_ct <= self.get_forward_ct():
                 self.stop_profile()
@@ -959,8 +1227,11 @@ The scheduler mirrors sglang 0.5.23's sglang/srt/managers/scheduler.py: event_lo
 (get_next_batch_to_run :3894): a prefill (EXTEND) batch of waiting requests first when there are
 any (:3993), else one decode step of the running batch; run_batch (:4614) counts the forward
 (:4621) and asks the profiler manager before it (:4639). A prefilled request joins the running
-batch for the next step. Not modelled: chunked prefill, the overlap scheduler, the radix cache,
-retraction."""
+batch for the next step. With --enable-mixed-chunk a prefill while others run is mixed with their
+decode step into one MIXED forward (mix_with_running). DP attention: see Scheduler. Speculative
+decoding (--speculative-algorithm EAGLE, EAGLE3, NEXTN, STANDALONE): fake_model_runner.EagleWorker.
+Not modelled: chunked prefill's chunks (a MIXED batch prefills its requests whole), the overlap
+scheduler, the radix cache, retraction, DP replicas."""
 
 import json
 import multiprocessing
@@ -1016,15 +1287,15 @@ class Arrivals:
         return out
 
 
-def rank_main(server_args, tp_rank, inbox, outbox):
+def rank_main(server_args, tp_rank, dp_rank, dp_size, inbox, outbox):
     try:
-        from sglang.srt.fake_model_runner import ModelRunner, Req
+        from sglang.srt.fake_model_runner import Req, make_worker
         from sglang.srt.fake_profiler_manager import SchedulerProfilerManager
 
         parent = os.getppid()
-        runner = ModelRunner(server_args, tp_rank)
+        runner = make_worker(server_args, tp_rank)
         forward_ct = [0]
-        profiler = SchedulerProfilerManager(tp_rank, lambda: forward_ct[0])
+        profiler = SchedulerProfilerManager(tp_rank, lambda: forward_ct[0], dp_rank, dp_size)
         reqs = {}
         outbox.put(("done", tp_rank, None))
         while True:
@@ -1042,16 +1313,21 @@ def rank_main(server_args, tp_rank, inbox, outbox):
             elif kind == "free":
                 for rid in msg[1]:
                     reqs.pop(rid, None)
-            else:  # ("batch", mode, items)
-                _, mode, items = msg
+            else:  # ("batch", mode, (requests to prefill, running requests))
+                _, mode, (new_items, old_ids) = msg
                 forward_ct[0] += 1  # scheduler.py:4621
-                profiler.profile_batch_predicate(mode, len(items))  # scheduler.py:4639
+                profiler.profile_batch_predicate(mode, len(new_items) + len(old_ids))  # scheduler.py:4639
+                new = [Req(rid, input_len) for rid, input_len in new_items]
+                reqs.update((req.rid, req) for req in new)
+                old = [reqs[rid] for rid in old_ids]
                 if mode == "EXTEND":
-                    batch = [Req(rid, input_len) for rid, input_len in items]
-                    reqs.update((req.rid, req) for req in batch)
-                    runner.extend(batch)
+                    runner.extend(new)
+                elif mode == "MIXED":
+                    runner.mixed(new, old)
+                elif mode == "IDLE":
+                    runner.idle()
                 else:
-                    runner.decode([reqs[rid] for rid in items])
+                    runner.decode(old)
             outbox.put(("done", tp_rank, detail))
     except Exception:
         outbox.put(("error", tp_rank, traceback.format_exc()))
@@ -1066,58 +1342,101 @@ class Request:
         self.out = queue.Queue()
 
 
+class DPGroup:
+    """One data-parallel attention rank: its scheduler's waiting and running requests, and the TP
+    ranks that run its batches (all of them without DP attention)."""
+
+    def __init__(self, dp_rank, ranks):
+        self.dp_rank = dp_rank
+        self.ranks = ranks
+        self.waiting, self.running = [], []
+
+
 class Scheduler:
-    """The TP ranks in lockstep, driven by SGLang's scheduling loop (see the module's docstring)."""
+    """The TP ranks in lockstep, driven by SGLang's scheduling loop (see the module's docstring).
+
+    With DP attention (--attn-dp-size N, or the deprecated --enable-dp-attention with --dp-size N:
+    server_args.py:416-423) the TP ranks form N attention-DP ranks, each with its own scheduler and
+    batch; requests go to them round robin (load_balance_method auto = round_robin for a plain
+    server, serving_hook.py:217-235); a DP rank with nothing to run while another runs a batch runs
+    an IDLE forward (`step[IDLE bs=0]`), as the MLP sync makes it. Each rank's profiler sees its own
+    DP rank's batch (profiler_manager.py:431-434 compares SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS with
+    ScheduleBatch.batch_size(), the rank's share) and names its files -TP-{tp}-DP-{dp} (:344-351).
+    DP replicas (--dp-size without DP attention) are not modelled: the stand-in refuses them."""
 
     def __init__(self, server_args):
+        tp = server_args.tp_size
+        dp = server_args.attn_dp_size
+        if server_args.enable_dp_attention and server_args.dp_size > 1:
+            dp = server_args.dp_size
+        elif server_args.dp_size > 1:
+            raise NotImplementedError("the stand-in models DP attention (--attn-dp-size), not DP replicas "
+                                      "(--dp-size without it)")
+        if dp < 1 or tp % dp:
+            raise ValueError(f"tp_size {tp} must be divisible by the attention DP size {dp}")
         ctx = multiprocessing.get_context("spawn")
         self.outbox = ctx.Queue()
-        self.inboxes = [ctx.Queue() for _ in range(server_args.tp_size)]
-        self.procs = [ctx.Process(target=rank_main, args=(server_args, r, q, self.outbox), daemon=True)
-                      for r, q in enumerate(self.inboxes)]
+        self.inboxes = [ctx.Queue() for _ in range(tp)]
+        per_group = tp // dp
+        self.procs = [ctx.Process(target=rank_main, args=(server_args, r, r // per_group, dp, q, self.outbox),
+                                  daemon=True) for r, q in enumerate(self.inboxes)]
         for p in self.procs:
             p.start()
-        self.collect()
+        self.collect(range(tp))
+        self.groups = [DPGroup(d, list(range(d * per_group, (d + 1) * per_group))) for d in range(dp)]
+        self.next_group = 0
         pool = server_args.max_total_tokens or 8192
         self.max_running = server_args.max_running_requests or pool
         self.max_prefill_tokens = server_args.max_prefill_tokens
+        self.mixed_chunk = server_args.enable_mixed_chunk
         self.arrivals = Arrivals.from_env()
-        self.waiting, self.running = [], []
         self.step = 0
         self.next_rid = 0
         self.commands = queue.Queue()
         threading.Thread(target=self.event_loop, daemon=True).start()
 
-    def collect(self):
-        details = [None] * len(self.inboxes)
-        for _ in self.inboxes:
+    def collect(self, ranks):
+        details = {}
+        for _ in ranks:
             kind, rank, detail = self.outbox.get()
             if kind == "error":
                 raise RuntimeError(f"TP{rank} failed:\\n{detail}")
             details[rank] = detail
-        return details
+        return [details[r] for r in sorted(details)]
+
+    def send(self, messages):
+        """{rank: message}: each to its rank; the ranks' answers in rank order."""
+        for rank, msg in messages.items():
+            self.inboxes[rank].put(msg)
+        return self.collect(list(messages))
 
     def broadcast(self, msg):
-        for q in self.inboxes:
-            q.put(msg)
-        return self.collect()
+        return self.send({r: msg for r in range(len(self.inboxes))})
 
     def event_loop(self):
         while True:
             self.ingest_requests()
-            batch = self.get_next_batch_to_run()
-            if batch is not None:
-                mode, reqs = batch
-                items = [(r.rid, r.input_len) if mode == "EXTEND" else r.rid for r in reqs]
+            batches = [self.get_next_batch_to_run(g) for g in self.groups]
+            if any(b is not None for b in batches):
+                if len(self.groups) > 1:  # prepare_mlp_sync_batch: the idle DP ranks run an IDLE forward
+                    batches = [b or ("IDLE", [], []) for b in batches]
+                messages = {}
+                for group, batch in zip(self.groups, batches):
+                    if batch is not None:
+                        mode, new, old = batch
+                        items = ([(r.rid, r.input_len) for r in new], [r.rid for r in old])
+                        messages.update((rank, ("batch", mode, items)) for rank in group.ranks)
                 try:
-                    self.broadcast(("batch", mode, items))
-                    self.process_batch_result(mode, reqs)
+                    self.send(messages)
+                    for group, batch in zip(self.groups, batches):
+                        if batch is not None:
+                            self.process_batch_result(group, *batch)
                 except Exception as e:
-                    self.fail(e, reqs)
+                    self.fail(e, [r for b in batches if b for r in b[1] + b[2]])
             self.step += 1
 
     def ingest_requests(self):
-        idle = not (self.waiting or self.running)
+        idle = not any(g.waiting or g.running for g in self.groups)
         while True:
             try:
                 command = self.commands.get(timeout=0.02) if idle else self.commands.get_nowait()
@@ -1131,46 +1450,55 @@ class Scheduler:
                     command[2].put(self.broadcast(command[1])[0])
                 except Exception as e:
                     command[2].put((False, str(e)))
-        self.waiting += self.arrivals.due(self.step)
+        for req in self.arrivals.due(self.step):  # the DP controller, round robin
+            self.groups[self.next_group].waiting.append(req)
+            self.next_group = (self.next_group + 1) % len(self.groups)
 
-    def get_next_batch_to_run(self):
-        if self.waiting and len(self.running) < self.max_running:
+    def get_next_batch_to_run(self, group):
+        """(mode, requests to prefill, running requests in the forward) of a DP rank, or None."""
+        if group.waiting and len(group.running) < self.max_running:
             reqs, tokens = [], 0
-            for req in self.waiting:
-                if len(self.running) + len(reqs) >= self.max_running:
+            for req in group.waiting:
+                if len(group.running) + len(reqs) >= self.max_running:
                     break
                 if reqs and tokens + req.input_len > self.max_prefill_tokens:
                     break
                 reqs.append(req)
                 tokens += req.input_len
-            self.waiting = self.waiting[len(reqs):]
-            return "EXTEND", reqs
-        if self.running:
-            return "DECODE", list(self.running)
+            group.waiting = group.waiting[len(reqs):]
+            if self.mixed_chunk and group.running:
+                # --enable-mixed-chunk: the prefill is mixed with the running batch's decode
+                # (schedule_batch.py mix_with_running): one MIXED forward
+                return "MIXED", reqs, list(group.running)
+            return "EXTEND", reqs, []
+        if group.running:
+            return "DECODE", [], list(group.running)
         return None
 
-    def process_batch_result(self, mode, reqs):
+    def process_batch_result(self, group, mode, new, old):
         finished = []
-        for req in reqs:
+        for req in new + old:
             req.done += 1
             req.out.put(req.done)
             if req.done >= req.max_new_tokens:
                 req.out.put(None)
                 finished.append(req)
-            elif mode == "EXTEND":
-                self.running.append(req)
+            elif req in new:
+                group.running.append(req)
         if finished:
             gone = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in gone]
-            self.broadcast(("free", [r.rid for r in finished]))
+            group.running = [r for r in group.running if id(r) not in gone]
+            self.send({rank: ("free", [r.rid for r in finished]) for rank in group.ranks})
 
     def fail(self, error, batch):
         """A rank failed: every request still open gets the error and ends."""
-        open_reqs = {id(r): r for r in batch + self.running + self.waiting if r.done < r.max_new_tokens}
+        everyone = batch + [r for g in self.groups for r in g.running + g.waiting]
+        open_reqs = {id(r): r for r in everyone if r.done < r.max_new_tokens}
         for req in open_reqs.values():
             req.out.put(error)
             req.out.put(None)
-        self.running, self.waiting = [], []
+        for group in self.groups:
+            group.running, group.waiting = [], []
 
     def submit(self, input_len, max_new_tokens):
         self.next_rid += 1
@@ -1202,6 +1530,37 @@ def complete_profile_request(body):
     return req
 
 
+# sglang/api/v1/api_types.py:1256 (the sampling parameters /generate takes) and :97-108 (the
+# message for any other): unknown keys of the request itself are ignored (:237), unknown sampling
+# parameters refused, by api_contract.py:12-18 before the request is admitted.
+SAMPLING_PARAMS_FIELDS = __SAMPLING_PARAMS_FIELDS__
+
+
+def unknown_field(key, fields):
+    if not fields:
+        return f"unknown field `{key}`, there are no fields"
+    if len(fields) == 1:
+        return f"unknown field `{key}`, expected `{fields[0]}`"
+    if len(fields) == 2:
+        return f"unknown field `{key}`, expected `{fields[0]}` or `{fields[1]}`"
+    return "unknown field `" + key + "`, expected one of " + ", ".join(f"`{f}`" for f in fields)
+
+
+def generate_contract_error(body):
+    """The contract violation of a /generate body, or None (api_contract.generate_contract_error)."""
+    if not isinstance(body, dict):
+        return "invalid type: expected struct GenerateRequest"
+    params = body.get("sampling_params")
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        return "invalid type: expected struct SamplingParams"
+    for key in params:
+        if key not in SAMPLING_PARAMS_FIELDS:
+            return unknown_field(key, SAMPLING_PARAMS_FIELDS)
+    return None  # (the types of the values are not checked here)
+
+
 def make_handler(scheduler):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -1230,6 +1589,9 @@ def make_handler(scheduler):
                                   else b"Stop profiling. This will take some time.\\n")
             if self.path != "/generate":
                 return self.reply(404)
+            error = generate_contract_error(body)
+            if error is not None:  # http_server.py:937-939
+                return self.reply(400, json.dumps({"error": error}).encode(), "application/json")
             ids = body.get("input_ids") or [0] * len(str(body.get("text", "")).split())
             max_new = (body.get("sampling_params") or {}).get("max_new_tokens", 128)
             out = scheduler.submit(len(ids), max_new)
@@ -1258,6 +1620,10 @@ def make_handler(scheduler):
 
 
 def launch_server(server_args):
+    if not server_args.skip_tokenizer_init:  # the tokenizer manager's get_tokenizer
+        from sglang.srt.fake_model_runner import get_tokenizer
+
+        get_tokenizer(server_args.tokenizer_path)
     scheduler = Scheduler(server_args)
     httpd = ThreadingHTTPServer((server_args.host, server_args.port), make_handler(scheduler))
     httpd.daemon_threads = True
@@ -1289,9 +1655,9 @@ if __name__ == "__main__":
 COMMON_FILES = {
     "python/sglang/__init__.py": INIT,
     "python/sglang/srt/__init__.py": "",
-    "python/sglang/srt/server_args.py": SERVER_ARGS,
     "python/sglang/srt/fake_model_runner.py": MODEL_RUNNER,
-    "python/sglang/srt/fake_server.py": FAKE_SERVER,
+    "python/sglang/srt/fake_server.py": FAKE_SERVER.replace("__SAMPLING_PARAMS_FIELDS__",
+                                                            repr(SAMPLING_PARAMS_FIELDS)),
     "python/sglang/launch_server.py": LAUNCH_SERVER,
     "python/sglang/srt/layers/__init__.py": "",
     "python/sglang/srt/layers/attention/__init__.py": "",
@@ -1339,12 +1705,14 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def make_fake_sglang(path: Path) -> FakeSglang:
-    """Create a git repository at `path` (must not exist or be empty) with the two commits."""
+def make_fake_sglang(path: Path, server_flags: list[dict] | None = None) -> FakeSglang:
+    """Create a git repository at `path` (must not exist or be empty) with the two commits; its
+    servers declare `server_flags` (sglang 0.5.23's, read from the wheel) or the built-in few."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     _git(path, "init", "-q", "-b", "main")
-    _write(path, {**COMMON_FILES, **OLD_FILES})
+    _write(path, {**COMMON_FILES, "python/sglang/srt/server_args.py": write_server_args(server_flags),
+                  **OLD_FILES})
     _git(path, "add", "-A")
     _git(path, "commit", "-q", "-m", "stand-in: an older release (sglang.bench_one_batch)")
     old_sha = _git(path, "rev-parse", "HEAD")
@@ -1356,13 +1724,25 @@ def make_fake_sglang(path: Path) -> FakeSglang:
     return FakeSglang(path, old_sha, _git(path, "rev-parse", "HEAD"))
 
 
-def write_model_config(directory: Path, layers: int = 2) -> Path:
-    """A model directory with only config.json, for --load-format dummy."""
+def write_model_config(directory: Path, layers: int = 2, tokenizer: bool = True) -> Path:
+    """A model directory for --load-format dummy: what sglang 0.5.23 reads even without weights, a
+    Hugging Face config.json with its model_type (ModelConfig.from_server_args, one_batch.py:332)
+    and the tokenizer's files (get_tokenizer, one_batch.py:374-378; the server's tokenizer
+    manager). The tokenizer is a word-level one in tokenizer.json's format; with tokenizer=False
+    the directory has config.json only, which SGLang refuses."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": layers, "hidden_size": 256,
-              "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": layers,
+              "hidden_size": 256, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_nextn_predict_layers": 1,
+              "vocab_size": 16}
     (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    if tokenizer:
+        vocab = {f"t{i}": i for i in range(16)}
+        (directory / "tokenizer.json").write_text(json.dumps(
+            {"version": "1.0", "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
+             "pre_tokenizer": {"type": "Whitespace"}}) + "\n")
+        (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"})
+                                                         + "\n")
     return directory
 
 

@@ -42,7 +42,8 @@ from .base import Checkout, Engine, EngineIO
 from .sglang_server import (ENVIRON_FILE, LAUNCH_SERVER_FILE, RUN_NAME, SERVER_DRIVER_SCRIPT,  # noqa: F401
                             SERVER_TIMING_METHOD, build_driver_config, build_engine_flags,
                             build_profile_request, build_server_argv, build_server_env, check_server_workload,
-                            explain_missing_decode, read_no_decode_report, reads_decode_min_bs)
+                            explain_missing_decode, plan_dp_ranks, read_extra_arg, read_no_decode_report,
+                            reads_decode_min_bs)
 
 CURRENT_MODULE = "sglang.benchmark.one_batch"
 OLD_MODULE = "sglang.bench_one_batch"
@@ -361,6 +362,42 @@ except Exception:
 print(json.dumps({"layers": layers}))
 '''
 
+# Runs on the host with the model directory, the tokenizer's directory and "1" when the tokenizer is
+# loaded: the first problem sglang 0.5.23 would stop on even with --load-format dummy, or null.
+# ModelConfig.from_server_args (benchmark/one_batch.py:332; transformers' AutoConfig) needs
+# config.json with a model_type; get_tokenizer (one_batch.py:374-378, the server's tokenizer
+# manager unless --skip-tokenizer-init) needs the tokenizer's files. A model name that is no
+# directory here (`org/name`) is a Hugging Face hub id SGLang downloads: nothing to check.
+MODEL_DIR_SCRIPT = r'''
+import json, os, sys
+model, tokenizer, needs_tokenizer = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "spiece.model", "tiktoken.model")
+
+
+def problem():
+    if not os.path.isdir(model):
+        return f"{model} is not a directory" if os.path.isabs(model) or model.startswith(".") else None
+    config = os.path.join(model, "config.json")
+    if not os.path.isfile(config):
+        return f"{model} has no config.json"
+    try:
+        with open(config) as f:
+            body = json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{config} is not JSON ({str(e)[:80]})"
+    if not isinstance(body, dict) or "model_type" not in body:
+        return f"{config} has no model_type (a Hugging Face config names its model type)"
+    if needs_tokenizer and os.path.isdir(tokenizer):
+        names = os.listdir(tokenizer)
+        if not any(n in TOKENIZER_FILES or n.endswith(".tiktoken") for n in names):
+            return f"{tokenizer} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json, ...)"
+    return None
+
+
+print(json.dumps({"problem": problem()}))
+'''
+
 LIST_SCRIPT = r'''
 import json, os, sys
 print(json.dumps(sorted(os.listdir(sys.argv[1]))))
@@ -382,6 +419,21 @@ def parse_json_line(output: str, what: str):
             except ValueError:
                 continue
     raise RunError(f"{what}: printed no JSON (output ends: {output.strip()[-200:]!r})")
+
+
+def plan_model_dir_check(workload: Workload, server: bool) -> list[str]:
+    """MODEL_DIR_SCRIPT's arguments: the model directory, the tokenizer's (--tokenizer-path, else
+    the model's) and whether the run loads a tokenizer (the one-batch benchmark always does,
+    one_batch.py:374; the server unless --skip-tokenizer-init)."""
+    tokenizer = read_extra_arg(workload.extra_args, "--tokenizer-path") or workload.model_path
+    skips = server and "--skip-tokenizer-init" in workload.extra_args
+    return [str(workload.model_path), str(tokenizer), "0" if skips else "1"]
+
+
+def explain_model_dir_problem(problem: str) -> str:
+    """One line for a model directory SGLang would refuse."""
+    return (f"workload.model_path: {problem}; sglang 0.5.23 reads the model's Hugging Face config.json and its "
+            "tokenizer even with --load-format dummy (only the weights are skipped)")
 
 
 def describe_device(versions: dict, device_type: str) -> dict:
@@ -648,6 +700,11 @@ def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context],
     if on_scratch:
         on_scratch(dirs.base, repo_path)
     try:
+        problem = _probe(host, [python, "-c", MODEL_DIR_SCRIPT, *plan_model_dir_check(spec.workload,
+                                                                                     measure is measure_server)],
+                         "model directory probe").get("problem")
+        if problem:
+            raise RunError(explain_model_dir_problem(str(problem)))
         host.run(["mkdir", "-p", "--", dirs.profile, dirs.patches], timeout_s=_SHORT_S)
         add_worktree(host, repo_path, sha, dirs.worktree)
         progress("worktree")

@@ -57,12 +57,57 @@ def build_server_argv(python: str, workload: Workload) -> list[str]:
     return argv + build_engine_flags(workload) + list(workload.extra_args)
 
 
+def read_extra_arg(extra_args: tuple[str, ...] | list[str], *flags: str) -> str | None:
+    """The value a flag (any of its spellings) is given in extra_args, `--flag V` or `--flag=V`;
+    the last one wins, as in argparse; None when absent."""
+    found = None
+    for i, arg in enumerate(extra_args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            found = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else None)
+    return found
+
+
+def plan_dp_ranks(workload: Workload) -> int:
+    """How many data-parallel ranks share the batch: sglang 0.5.23's attention DP size
+    (--attn-dp-size / --attention-data-parallel-size, or the deprecated --enable-dp-attention with
+    --dp-size, server_args.py:416-423). Raises SpecError for what the server path cannot profile:
+    DP replicas (--dp-size without DP attention), whose traces repeat TP ranks 0..tp-1 under
+    -DP-0, -DP-1, ... (profiler_manager.py:344-351) where stepwatch reads one trace per rank; a
+    batch that does not split evenly over the DP ranks, since each rank's profiler compares
+    SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS with its own batch (profiler_manager.py:431-434)
+    and the requests are dealt round robin (serving_hook.py:217-235)."""
+    def size(*flags: str) -> int:
+        value = read_extra_arg(workload.extra_args, *flags)
+        if value is None:
+            return 1
+        if not value.isdigit() or int(value) < 1:
+            raise SpecError(f"workload.extra_args {flags[0]} {value!r}: not a positive integer")
+        return int(value)
+
+    dp = size("--dp-size", "--data-parallel-size")
+    attn_dp = size("--attn-dp-size", "--attention-data-parallel-size")
+    if "--enable-dp-attention" in workload.extra_args and dp > 1:
+        dp, attn_dp = 1, dp
+    if dp > 1:
+        raise SpecError(f"workload.extra_args --dp-size {dp}: DP replicas write traces of the same TP ranks "
+                        f"(-TP-0-DP-0, -TP-0-DP-1, ...) and stepwatch reads one trace per rank; profile one "
+                        f"replica (no --dp-size) or use DP attention (--attn-dp-size {dp})")
+    if workload.batch_size % attn_dp:
+        raise SpecError(f"workload.batch_size {workload.batch_size}: does not split evenly over the {attn_dp} DP "
+                        f"ranks of --attn-dp-size {attn_dp}; SGLang deals requests round robin and each rank's "
+                        f"profiler waits for its own {DECODE_MIN_BS_ENV} requests: use a multiple of {attn_dp}")
+    return attn_dp
+
+
 def build_server_env(workload: Workload) -> dict[str, str]:
     """What the driver adds to the server's environment: hold the decode capture back until a
-    decode batch holds all `batch_size` requests (no prefill can follow it, so it cannot be saved
-    as -EXTEND), and pin profiler manager v1 (`SGLANG_PROFILE_V2`, `environ.py:458`): v2 names its
-    files `-prefill`/`-decode`, stops a capture at any stage change and ignores the variable."""
-    return {DECODE_MIN_BS_ENV: str(workload.batch_size), "SGLANG_PROFILE_V2": "0"}
+    decode batch holds all its DP rank's share of the `batch_size` requests (no prefill can follow
+    it, so it cannot be saved as -EXTEND; each DP rank compares the variable with its own batch,
+    profiler_manager.py:431-434), and pin profiler manager v1 (`SGLANG_PROFILE_V2`,
+    `environ.py:458`): v2 names its files `-prefill`/`-decode`, stops a capture at any stage
+    change and ignores the variable."""
+    return {DECODE_MIN_BS_ENV: str(workload.batch_size // plan_dp_ranks(workload)), "SGLANG_PROFILE_V2": "0"}
 
 
 def reads_decode_min_bs(environ_source: str | None) -> bool | None:
@@ -83,7 +128,9 @@ def build_profile_request(output_dir: str, profile_steps: int, profile_prefix: s
 
 def check_server_workload(workload: Workload) -> None:
     """The server stops a by-stage decode profile on the decode step after the last profiled one,
-    so the load must run at least profile_steps + 1 decode steps."""
+    so the load must run at least profile_steps + 1 decode steps; and its DP ranks must each get
+    an equal share of the batch (plan_dp_ranks)."""
+    plan_dp_ranks(workload)
     if workload.output_len < workload.profile_steps + 2:
         raise SpecError(f"workload.output_len {workload.output_len}: the server path needs at least "
                        f"profile_steps + 2 = {workload.profile_steps + 2} output tokens")
@@ -152,9 +199,12 @@ def explain_missing_decode(report: dict, workload: Workload, *, trace_stem: str,
     if status != "HTTP 500":
         return head + " (see the driver's log)"
     if min_bs_read:
-        return (f"{head} (no capture running): the decode capture never started: {DECODE_MIN_BS_ENV}={bs} waits for "
-                f"a decode batch of {bs} requests and none came; let the server run {bs} requests at once "
-                f"(--max-running-requests, KV memory) or lower batch_size")
+        dp = plan_dp_ranks(workload)
+        share = bs // dp
+        where = f" on each of its {dp} DP ranks" if dp > 1 else ""
+        return (f"{head} (no capture running): the decode capture never started: {DECODE_MIN_BS_ENV}={share} waits "
+                f"for a decode batch of {share} requests{where} and none came; let the server run {bs} requests at "
+                f"once (--max-running-requests, KV memory) or lower batch_size")
     where = "not in its srt/environ.py" if min_bs_read is False else "it has no srt/environ.py"
     return (f"{head} (no capture running): a prefill after decode capture began (staggered arrivals) stopped it "
             f"and saved it as -EXTEND; this checkout ignores {DECODE_MIN_BS_ENV} ({where}): raise profile_steps to "
