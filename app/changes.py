@@ -12,6 +12,7 @@ from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
 
 # kernel names are shortened as the diagnosis sentences shorten them (a pure function of a string)
 from ingest.regress.diagnose import shorten_kernel_name
+from ingest.regress.noise import judge_in_series, runs_needed_for_spread
 from ingest.regress.uncertainty import CHANGED, NOISE_MULTIPLE, NOT_ENOUGH, compare_means, fewest_steps, spread_bound
 
 from .labels import format_percent, format_rel
@@ -92,6 +93,65 @@ def describe_change(row) -> str:
     return f"{describe_metric(row.metric)} {format_rel_change(row.rel_change)} ({before} -> {after})"
 
 
+_HEADLINE_ORDER = ("tok_per_s", "step_ms", "copy_share")
+
+
+def group_events(changes: pd.DataFrame) -> list[dict]:
+    """One event per change point: the changes of one variant of a series at one (last good,
+    first bad) commit pair, grouped into one card. {"head": the headline row (tok/s, else step
+    ms, else copy share, else the first), "metrics": the other confirmed or suspected rows of
+    tok/s, step ms, copy share and categories (a category only when confirmed: one within its own
+    series' noise is not listed), "kernels": the kernel rows (added / removed kernels whatever the
+    rest; a kernel's ms or calls per step only when confirmed), "rows": all of them}. Events in
+    the frame's order (list_changes: newest first)."""
+    events: dict[tuple, list] = {}
+    for row in changes.itertuples():
+        events.setdefault((row.series_id, row.last_good_sha, row.first_bad_sha), []).append(row)
+    out = []
+    for rows in events.values():
+        order = sorted(rows, key=lambda r: (_HEADLINE_ORDER.index(r.metric) if r.metric in _HEADLINE_ORDER else 9))
+        head = order[0]
+        metrics = [r for r in order[1:] if not r.metric.startswith("kernel:")
+                   and (r.metric in _HEADLINE_ORDER or r.status == "confirmed")]
+        kernels = [r for r in order if r.metric.startswith("kernel:") and r is not head
+                   and (r.direction in ("added", "removed") or r.status == "confirmed")]
+        # a kernel that appears is one fact: its ms and calls per step rows name it once
+        seen, unique = set(), []
+        for r in kernels:
+            key = (r.metric.split(":", 2)[2], r.direction) if r.direction in ("added", "removed") else r.metric
+            if key not in seen:
+                seen.add(key)
+                unique.append(r)
+        out.append({"head": head, "metrics": metrics, "kernels": unique, "rows": rows})
+    return out
+
+
+def describe_status(row) -> str:
+    """':red[regression]', ':green[improvement]', ':orange[suspected regression]', ':blue[kernel added]'."""
+    if row.direction in ("added", "removed"):
+        return f":blue[kernel {row.direction}]"
+    color = "red" if row.direction == "regression" else "green"
+    if row.status == "confirmed":
+        return f":{color}[{row.direction}]"
+    return f":orange[suspected {row.direction}]"
+
+
+def describe_evidence(row) -> str:
+    """How the noise model judged a change, in a few words: 'confirmed: 3 and 3 runs, spread 2.1 %
+    from repeats' / 'not enough data: 1 and 1 run, no run-to-run spread: run each commit 2 times'."""
+    runs = (f"{int(row.runs_before)} and {int(row.runs_after)} run{'s' if row.runs_before + row.runs_after != 2 else ''}"
+            if pd.notna(row.runs_before) and pd.notna(row.runs_after) else "runs unknown")
+    if row.direction in ("added", "removed"):
+        return f"exact: {runs}"
+    if row.status == "confirmed":
+        spread = (f"spread {100 * row.noise_spread:.1f} % from its {row.noise_source}" if pd.notna(row.noise_spread)
+                  else "exact")
+        return f"confirmed: {runs}, {spread}"
+    if row.noise_verdict is None or (isinstance(row.noise_verdict, float) and pd.isna(row.noise_verdict)):
+        return "suspected: found before the noise model judged changes; re-run change tracking"
+    return f"suspected, not enough data: {runs}, no run-to-run spread: run each commit {runs_needed_for_spread()} times"
+
+
 def describe_verdict(v, source_a: str | None, source_b: str | None):
     """The pair's step-time verdict as one Markdown sentence: the change with its interval,
     the sample counts and the rank test's p, and what the verdict means."""
@@ -123,14 +183,40 @@ def describe_verdict(v, source_a: str | None, source_b: str | None):
                            format_rel(1 / (1 + v.rel) - 1), spread, mixed)
 
 
+def describe_run_verdict(v, source_a: str | None, source_b: str | None):
+    """The noise model's verdict (ingest.regress.noise.Verdict) as one Markdown sentence, its
+    head in bold ("**Regression**: step time +6.1 % (95 % interval ...), 3 and 3 runs; ...")."""
+    head, _, rest = v.describe("step time").partition(": ")
+    mixed = (" A's and B's steps were timed differently (with and without the profiler), so part of the difference "
+             "may be the profiler's." if source_a != source_b else "")
+    tok = f" tok/s {format_rel(1 / (1 + v.rel) - 1)}." if v.rel is not None else ""
+    return format_markdown("**{}**: {}{}{}", head, rest, tok, mixed)
+
+
+def judge_sides(values: pd.DataFrame, variant: str | None, runs_a: list[int], runs_b: list[int],
+                fallback_a: float | None, fallback_b: float | None, *, same_commit: bool,
+                floor: float | None = None):
+    """The noise model's step-time verdict on the runs of side B against side A, the spread
+    the series' own (db.views.list_series_values, this variant's runs); a run outside the
+    series (no commit) counts with its own value (`fallback_a`, `fallback_b`)."""
+    rows = values[values["variant"] == (variant or "")] if len(values) else values
+    series = list(zip(rows["commit_id"], rows["step_ms"])) if len(rows) else []
+    by_run = dict(zip(rows["run_id"], rows["step_ms"])) if len(rows) else {}
+    a = [by_run[r] for r in runs_a if r in by_run] or ([fallback_a] if fallback_a else [])
+    b = [by_run[r] for r in runs_b if r in by_run] or ([fallback_b] if fallback_b else [])
+    return judge_in_series(series, a, b, same_commit=same_commit, floor=floor)
+
+
 KERNEL_KINDS = ["added", "removed", "changed", "within noise", "not enough data"]
 
 
 def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFrame:
     """The kernel diff (db.views.get_kernel_diff) with its `change` column decided against noise:
     added and removed as they are; a kernel whose calls per step changed is `changed` (a count,
-    exact); otherwise compare_means' verdict on its ms per step (Welch's test on the profiled
-    steps, at least 3 %, beyond the run-to-run `spread` where known). Adds `p` and the 95 %
+    exact); with the workload's run-to-run `spread` unknown, "not enough data" (the noise model's
+    rule: steps within a run are no evidence of a change between runs); otherwise compare_means'
+    verdict on its ms per step (Welch's test on the profiled steps, at least 3 %, beyond the
+    run-to-run `spread`: the step time's, a kernel's own series is not read here). Adds `p` and the 95 %
     interval of the relative change (`ci_low`, `ci_high`)."""
     kinds, ps, lows, highs = [], [], [], []
     for r in diff.itertuples():
@@ -139,6 +225,8 @@ def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFra
             kind = r.change
         elif r.a_calls_per_step != r.b_calls_per_step:
             kind = CHANGED
+        elif spread is None:  # the steps of two runs alone cannot tell a change (ingest.regress.noise)
+            kind = NOT_ENOUGH
         else:
             v = compare_means(r.a_ms_per_step, finite_or_none(r.a_ms_per_step_sd), int(r.a_steps), r.b_ms_per_step,
                               finite_or_none(r.b_ms_per_step_sd), int(r.b_steps), spread=spread)

@@ -196,8 +196,9 @@ def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame
     ("step", B - A), then each category's, largest change first; `label` is the signed ms.
     Each category present in both runs with step-to-step spreads on both sides gets the verdict
     the kernels get (compare_means: Welch's test on the profiled steps, at least 3 %, beyond the
-    workload's run-to-run `spread` where known): `low`/`high`, its 95 % interval in ms, and
-    `noise`, whether it is within noise (the label says so). A category new or gone is a change."""
+    workload's run-to-run `spread`): `low`/`high`, its 95 % interval in ms, and `noise`, whether
+    it is within noise (the label says so); with the spread unknown (None) every category is
+    noise, as the noise model rules (ingest.regress.noise). A category new or gone is a change."""
     total = float(diff["delta_ms_per_step"].sum())
     rows = pd.DataFrame({"part": ["step"] + diff["category"].tolist(),
                          "delta_ms": [total] + diff["delta_ms_per_step"].astype(float).tolist()})
@@ -211,7 +212,8 @@ def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame
         inside = v is not None and v.ci_low is not None
         lows.append(v.ci_low * v.median_a if inside else None)  # (compare_means: the means)
         highs.append(v.ci_high * v.median_a if inside else None)
-        noise.append(inside and v.verdict == WITHIN_NOISE)
+        # without the run-to-run spread the steps of two runs cannot tell a change (ingest.regress.noise)
+        noise.append(inside and (v.verdict == WITHIN_NOISE or spread is None))
     rows["low"], rows["high"] = pd.array(lows, dtype="Float64"), pd.array(highs, dtype="Float64")
     rows["noise"] = noise
     rows["label"] = [f"{d:+,.3f} ms" + (" (noise)" if n else "") for d, n in zip(rows["delta_ms"], rows["noise"])]

@@ -16,13 +16,15 @@ def _points(a: float | None, b: float | None) -> str | None:
 def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None = None) -> None:
     """tok/s, step ms, copy-kernel share and GPU busy share; with a baseline, each tile shows the
     change from it (green when better: more tok/s, less step time, less copying). With the
-    step-time verdict of the pair (ingest.regress.uncertainty), the tok/s and step tiles say
+    step-time verdict of the pair (ingest.regress.noise), the tok/s and step tiles say
     when their change is within noise or unsupported, and are then not coloured."""
     base = baseline or {}
     delta = baseline is not None
-    # the words of ingest.regress.uncertainty, not imported from it: that loads SciPy and ruptures,
+    # the words of ingest.regress.noise, not imported from it: that loads SciPy and ruptures,
     # which the Run page does not need
-    flag = {"within noise": " · within noise", "not enough data": " · not enough data"}.get(verdict or "", "")
+    flag = {"within noise": " · within noise", "not enough data": " · not enough data",
+            "repeat, within noise": " · repeat, within noise", "too noisy": " · too noisy to judge",
+            "changed": "", "regression": "", "improvement": ""}.get(verdict or "", "")
     tiles = st.columns(4)
     tiles[0].metric("Decode tok/s", format_number(run["tok_per_s"]), border=True,
                     delta_color="off" if flag else "normal",

@@ -334,6 +334,50 @@ def get_run_spread(store: Store, run_id: int | None) -> dict[str, Any]:
     return {"spread": float(ss / pairs) ** 0.5, "pairs": int(pairs), "groups": int(groups)}
 
 
+def list_series_values(store: Store, run_id: int | None) -> pd.DataFrame:
+    """Every run of the series of `run_id` (its repository, engine, GPU and workload; every
+    variant), one row a run, in commit order: run_id, commit_id, sha, variant ('' for none),
+    step_ms (the run's value: its timed steps' median, else its profiled steps'), tok_per_s.
+    What the noise model (ingest.regress.noise) pools and estimates the run-to-run spread from.
+    Empty for a run without a commit."""
+    return store.con.execute(
+        f"WITH anchor AS (SELECT {SERIES_KEY} FROM runs WHERE run_id = ? AND commit_id IS NOT NULL)"
+        " SELECT r.run_id, r.commit_id, c.sha, coalesce(r.variant, '') AS variant,"
+        f" {STEP_MS} AS step_ms, r.tok_per_s"
+        " FROM runs r JOIN commits c ON c.commit_id = r.commit_id, anchor s"
+        f" WHERE {same_series_sql('r', 's')}"
+        " ORDER BY c.seq NULLS LAST, c.committed_at NULLS LAST, c.sha, r.run_id", [run_id]).df()
+
+
+def list_runs_at_commit(store: Store, ref: str, repo: str | None = None) -> pd.DataFrame:
+    """The runs of the commits whose sha starts with `ref` (lower case hex; of repository `repo`,
+    or of any): run_id, sha, repo, variant ('' for none), `series` (one variant of a series:
+    db.series.series_id_sql), step_ms. What `ingest compare` pools for a commit."""
+    return store.con.execute(
+        "SELECT r.run_id, c.sha, p.name AS repo, coalesce(r.variant, '') AS variant,"
+        f" {series_id_sql('r', 'p')} AS series, {STEP_MS} AS step_ms"
+        " FROM runs r JOIN commits c ON c.commit_id = r.commit_id JOIN repos p ON p.repo_id = r.repo_id"
+        " WHERE starts_with(c.sha, ?) AND (? IS NULL OR p.name = ?) ORDER BY r.run_id", [ref, repo, repo]).df()
+
+
+def list_repo_runs(store: Store, repo: str) -> list[tuple]:
+    """(run_id, sha, step_ms, variant, series) of every run of a repository's commits, in commit
+    order: what the A/A study (ingest.studies.aa_study) pairs up."""
+    return store.con.execute(
+        f"SELECT r.run_id, c.sha, {STEP_MS} AS step_ms, coalesce(r.variant, ''), {series_id_sql('r', 'p')}"
+        " FROM runs r JOIN commits c USING (commit_id) JOIN repos p ON p.repo_id = r.repo_id WHERE p.name = ?"
+        " ORDER BY c.seq, r.run_id", [repo]).fetchall()
+
+
+def get_run_series_id(store: Store, run_id: int) -> dict[str, Any] | None:
+    """A run's sha (None without a commit), variant, `series` (as list_runs_at_commit names it;
+    None without a commit) and step_ms; None for no such run."""
+    return _one(store, f"SELECT c.sha, coalesce(r.variant, '') AS variant, CASE WHEN r.commit_id IS NULL THEN NULL"
+                       f" ELSE {series_id_sql('r', 'p')} END AS series, {STEP_MS} AS step_ms"
+                       " FROM runs r LEFT JOIN commits c ON c.commit_id = r.commit_id"
+                       " LEFT JOIN repos p ON p.repo_id = r.repo_id WHERE r.run_id = ?", [run_id])
+
+
 def get_step_samples(store: Store, run_id: int | None) -> dict[str, Any]:
     """A run's step times in ms, what its Step ms tile is the median of: {"ms": [...], "source":
     "timed" (the steps a bundle timed without the profiler) or "profiled" (the profiled steps'
@@ -374,7 +418,7 @@ def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[s
             "kernels": get_kernel_diff(store, run_a, run_b, rank_a, rank_b),
             "kernels_a": store.list_kernels(run_a, rank_a), "kernels_b": store.list_kernels(run_b, rank_b),
             "samples_a": get_step_samples(store, run_a), "samples_b": get_step_samples(store, run_b),
-            "spread": get_run_spread(store, run_a),
+            "spread": get_run_spread(store, run_a), "series_values": list_series_values(store, run_a),
             "changes": list_changes_at_commit_of_run(store, run_b)}
 
 
@@ -387,6 +431,14 @@ _CHANGES = (
     f" ch.workload_key, {_CHANGE_WORKLOAD_ID} AS workload_id, coalesce(ch.variant, '') AS variant,"
     f" {series_id_sql('ch', 'p')} AS series_id,"
     " ch.metric, ch.direction, ch.before_value, ch.after_value, ch.rel_change, ch.p_value,"
+    # how the noise model (ingest.regress.noise) judged it: confirmed, or suspected (no spread to
+    # judge against, or stored before the model judged changes)
+    " CASE WHEN ch.explanation->>'$.noise.verdict' IN ('regression', 'improvement') THEN 'confirmed'"
+    "  ELSE 'suspected' END AS status, ch.explanation->>'$.noise.verdict' AS noise_verdict,"
+    " TRY_CAST(ch.explanation->>'$.noise.spread' AS DOUBLE) AS noise_spread,"
+    " ch.explanation->>'$.noise.spread_source' AS noise_source,"
+    " TRY_CAST(ch.explanation->>'$.noise.runs_before' AS INTEGER) AS runs_before,"
+    " TRY_CAST(ch.explanation->>'$.noise.runs_after' AS INTEGER) AS runs_after,"
     " ch.commits_between, ch.bisect_runs, ch.diagnosis,"
     " g.sha AS last_good_sha, b.sha AS first_bad_sha, left(b.sha, 7) AS first_bad_short_sha,"
     " coalesce(b.subject, '') AS first_bad_subject, b.committed_at AS first_bad_date,"

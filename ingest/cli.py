@@ -139,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--fail-on-regression", action="store_true",
                      help="exit 1 when tok/s or step time has a confirmed regression in the range")
 
+    cmp_ = sub.add_parser("compare", help="the verdict on B against A (run ids or commits), as Compare gives it")
+    cmp_.add_argument("a", metavar="A", help="a run id, or a commit (sha or its prefix): all its runs pooled")
+    cmp_.add_argument("b", metavar="B", help="a run id, or a commit")
+    cmp_.add_argument("--repo", metavar="NAME", help="the repository the commits are of (default: any)")
+    cmp_.add_argument("--db", default=DEFAULT_DB)
+    cmp_.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    cmp_.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a verdict is a regression")
+
     rep = sub.add_parser("report", help="print a run's figures")
     rep.add_argument("run_id", type=_positive_int, metavar="RUN_ID")
     rep.add_argument("--db", default=DEFAULT_DB, help=f"database file (default {DEFAULT_DB})")
@@ -174,6 +182,9 @@ def _add_spec_arguments(p: argparse.ArgumentParser, with_repo: bool = True) -> N
         p.add_argument("--repo-path", help="the checkout of --repo on the host: the config's own for that repo")
         p.add_argument("--ref", help="commit, tag or branch (resolved to a full sha)")
         p.add_argument("--variant")
+    p.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+                   help="run each job N times, each its own run (default 1): repeats give the run-to-run spread "
+                        "verdicts need; backfill queues them in rounds over all commits (interleaved)")
     p.add_argument("--path", help="import engine: a trace, directory or bundle under the config's [imports] roots")
     p.add_argument("--timeout-s", type=_positive_float)
     p.add_argument("--preset")
@@ -192,7 +203,8 @@ def _add_spec_arguments(p: argparse.ArgumentParser, with_repo: bool = True) -> N
 COMMANDS = {"import": ("commands", "run_import"), "report": ("report", "run_report"), "run": ("commands", "run_run"),
             "worker": ("commands", "run_worker_cmd"), "backfill": ("commands", "run_backfill"),
             "jobs": ("commands", "run_jobs"), "cancel": ("commands", "run_cancel"),
-            "check": ("commands", "run_check"), "samples": ("commands", "run_samples"),
+            "check": ("commands", "run_check"), "compare": ("commands", "run_compare"),
+            "samples": ("commands", "run_samples"),
             "export": ("commands", "run_export"), "merge": ("commands", "run_merge")}
 
 

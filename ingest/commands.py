@@ -41,18 +41,30 @@ def _spec_body(args) -> dict:
 
 def run_run(args) -> int:
     from .runs.spec import load_config, parse_spec
-    from .runs.survival import process_stamp
-    from .runs.worker import check_runnable, execute_job, worker_name  # change tracking's SciPy: not for import
+    from .runs.worker import check_runnable  # change tracking's SciPy: not for import
 
     config = load_config(args.config)
     spec = parse_spec(_spec_body(args), config)
     check_runnable(spec, config)  # an unknown ref or an unreachable host: refused, nothing queued
-    with open_db(args.db) as store:
-        job_id = store.enqueue_job(spec.to_json(), spec.describe())
-    print(f"queued job {job_id}: {spec.describe()}", file=sys.stderr)
-    if args.queue:
-        print(job_id)
-        return 0
+    run_ids = []
+    for _ in range(args.repeat):  # each repeat its own job, its own process, its own run
+        with open_db(args.db) as store:
+            job_id = store.enqueue_job(spec.to_json(), spec.describe())
+        print(f"queued job {job_id}: {spec.describe()}", file=sys.stderr)
+        if args.queue:
+            print(job_id)
+            continue
+        run_ids.append(_run_now(args, config, job_id))
+    for run_id in run_ids:
+        print(run_id)
+    return 0
+
+
+def _run_now(args, config, job_id: int) -> int:
+    """Claim and execute one queued job here; its run id."""
+    from .runs.survival import process_stamp
+    from .runs.worker import execute_job, worker_name
+
     with open_db(args.db) as store:
         job = store.claim_job(worker_name(), job_id, worker_proc=process_stamp())
     if job is None:
@@ -66,8 +78,7 @@ def run_run(args) -> int:
         final = store.get_job(job_id, with_log=False)
     if status != "succeeded":
         raise RunError(f"job {job_id} {status}: {final['error_kind']}: {final['error']}")
-    print(run_id)
-    return 0
+    return run_id
 
 
 def _with_progress(bar: Progress, echo):
@@ -134,8 +145,10 @@ def run_backfill(args) -> int:
     with open_db(args.db) as store:
         for c in commits:
             store.record_commit(repo_name, c.sha, c.committed_at, c.author, c.subject, c.seq)
-        ids = [store.enqueue_job(s.to_json(), s.describe(), batch) for s in specs]
-    print(f"queued {len(ids)} jobs ({len(commits)} commits x {len(variants)} variants), "
+        # repeats in rounds over every commit (A B C A B C), so that a host's drift falls on all alike
+        ids = [store.enqueue_job(s.to_json(), s.describe(), batch) for _ in range(args.repeat) for s in specs]
+    repeats = f" x {args.repeat} repeats" if args.repeat > 1 else ""
+    print(f"queued {len(ids)} jobs ({len(commits)} commits x {len(variants)} variants{repeats}), "
           f"jobs {ids[0]}..{ids[-1]}", file=sys.stderr)
     print(" ".join(map(str, ids)))
     return 0
@@ -172,7 +185,11 @@ def run_samples(args) -> int:
     n = load_samples(args.db, load_rule_chain())
     with open_db(args.db) as store:
         changes = track_changes(store)
-    print(f"loaded {n} sample runs into {args.db}; {len(changes)} confirmed changes", file=sys.stderr)
+    from .regress.report import is_confirmed
+
+    confirmed = sum(is_confirmed(r) for r in changes)
+    print(f"loaded {n} sample runs into {args.db}; {confirmed} confirmed changes, {len(changes) - confirmed} suspected",
+          file=sys.stderr)
     return 0
 
 
@@ -233,7 +250,7 @@ def _commit_facts(commit: str | None, repo: str | None, repo_path: str | None):
 def run_check(args) -> int:
     from db.series import stored_series
 
-    from .regress.report import format_markdown
+    from .regress.report import format_markdown, is_confirmed_regression
     from .runs.git import resolve_ref
     from .runs.hosts import LocalHost
     from .runs.repos import locate_repo
@@ -256,8 +273,7 @@ def run_check(args) -> int:
             rows += [{**stored_series(s), **r} for r in analyse_series(store, s, (lo.seq, hi.seq))]
         facts = store.list_commits([r["first_bad_commit_id"] for r in rows])
     print(format_markdown(rows, facts, args.range_spec), end="")
-    regressions = [r for r in rows if r["metric"] in ("tok_per_s", "step_ms") and r["direction"] == "regression"]
-    return 1 if args.fail_on_regression and regressions else 0
+    return 1 if args.fail_on_regression and any(is_confirmed_regression(r) for r in rows) else 0
 
 
 def _store_import(db: str, record, tables, facts) -> tuple[int, bool, int]:
@@ -354,7 +370,118 @@ def run_merge(args) -> int:
     checked = check_history(history, make_merge_checks(roots))  # ... and every row
     with open_db(args.db) as store:
         result = merge_history(store, checked)
-    changes = sum(len(follow_series(args.db, series)) for series in result.series)  # as after a job
+    from .regress.report import is_confirmed
+
+    found = [r for series in result.series for r in follow_series(args.db, series)]  # as after a job
+    confirmed = sum(is_confirmed(r) for r in found)
     print(f"merged {args.directory} into {args.db}: {result.describe()}; changes detected again in "
-          f"{len(result.series)} series ({changes} confirmed)", file=sys.stderr)
+          f"{len(result.series)} series ({confirmed} confirmed, {len(found) - confirmed} suspected)", file=sys.stderr)
     return 0
+
+
+_RUN_ID_DIGITS = 7  # an all-digit A or B shorter than this is a run id; longer, a commit's sha prefix
+_SHA_PREFIX = __import__("re").compile(r"^[0-9a-f]{4,40}$")
+
+
+def _compare_side(store, text: str, repo: str | None, which: str) -> dict:
+    """A side of `ingest compare`: {"runs": DataFrame of its runs, "label", "commit": bool}."""
+    from db.views import get_run_series_id, list_runs_at_commit
+
+    import pandas as pd
+
+    if text.isdigit() and len(text) < _RUN_ID_DIGITS:
+        run = get_run_series_id(store, int(text))
+        if run is None:
+            raise IngestError(f"{which} {text}: no run {text} in this database")
+        return {"runs": pd.DataFrame([{"run_id": int(text), **run}]), "label": f"run {text}", "commit": False}
+    ref = text.lower()
+    if not _SHA_PREFIX.match(ref):
+        raise IngestError(f"{which} {text!r}: neither a run id nor a commit sha (4 to 40 hex digits)")
+    runs = list_runs_at_commit(store, ref, repo)
+    if runs.empty:
+        raise IngestError(f"{which} {text}: no run measured a commit starting {ref}"
+                          + (f" in repository {repo!r}" if repo else ""))
+    if runs["sha"].nunique() > 1:
+        raise IngestError(f"{which} {text}: names {runs['sha'].nunique()} commits; give more of the sha")
+    if runs["repo"].nunique() > 1:
+        raise IngestError(f"{which} {text}: commit of {runs['repo'].nunique()} repositories; name one with --repo")
+    return {"runs": runs, "label": f"commit {runs['sha'].iloc[0][:12]}", "commit": True}
+
+
+def compare_sides(store, a: dict, b: dict) -> list[dict]:
+    """One verdict per variant of a series that both sides measured: the noise model's
+    (ingest.regress.noise) over the runs of each side, the spread the series' own, with the
+    kernels that explain the change (the last run of each side, ingest.regress.explain)."""
+    from db.views import get_step_samples, list_series_values
+
+    from .regress.explain import explain_change
+    from .regress.noise import judge_in_series, step_floor
+
+    if a["commit"] and b["commit"]:  # each variant of a series measured at both commits
+        pairs = [(runs_a, b["runs"][(b["runs"]["series"] == series) & (b["runs"]["variant"] == variant)])
+                 for (series, variant), runs_a in a["runs"].groupby(["series", "variant"], sort=False)]
+    else:  # a run alone: it names the series (A's)
+        pairs = [(a["runs"], b["runs"])]
+    out = []
+    for runs_a, runs_b in pairs:
+        if runs_b.empty:
+            continue
+        series, variant = runs_a["series"].iloc[0], runs_a["variant"].iloc[0]
+        anchor = int(runs_a["run_id"].iloc[-1])
+        values = list_series_values(store, anchor)
+        values = values[values["variant"] == variant] if len(values) else values
+        floors = [step_floor(get_step_samples(store, int(r))["ms"]) for r in (anchor, int(runs_b["run_id"].iloc[-1]))]
+        floors = [f for f in floors if f is not None]
+        same = (series is not None and series == runs_b["series"].iloc[0] and variant == runs_b["variant"].iloc[0]
+                and runs_a["sha"].iloc[0] == runs_b["sha"].iloc[0])  # a repeat: one code, measured twice
+        verdict = judge_in_series(list(zip(values["commit_id"], values["step_ms"])) if len(values) else [],
+                                  list(runs_a["step_ms"]), list(runs_b["step_ms"]), same_commit=same,
+                                  floor=max(floors, default=None))
+        last_a, last_b = int(runs_a["run_id"].iloc[-1]), int(runs_b["run_id"].iloc[-1])
+        kernels = []
+        ka, kb = store.list_kernels(last_a), store.list_kernels(last_b)
+        if len(ka) and len(kb):
+            ex = explain_change(ka, kb, float(runs_a["step_ms"].iloc[-1]), float(runs_b["step_ms"].iloc[-1]))
+            k = ex.kernels
+            # what explains a change: kernels that appeared or vanished, and (for a change only) those
+            # with a tenth of it or more; within noise the rest is noise too
+            big = k[(k["status"] != "changed") | (verdict.changed & (k["delta_ms_per_step"].abs()
+                                                                     >= 0.1 * abs(ex.delta_step_ms)))]
+            kernels = [{"name": r["name"], "status": r["status"], "ms_per_step_before": _num(r["ms_per_step_before"]),
+                        "ms_per_step_after": _num(r["ms_per_step_after"]), "delta_ms_per_step": _num(r["delta_ms_per_step"]),
+                        "fraction_of_change": _num(r["fraction_of_change"])} for r in big.head(5).to_dict("records")]
+        out.append({"series": series, "variant": variant, "verdict": verdict.verdict, "sentence": verdict.describe(),
+                    "rel_change": _num(verdict.rel), "ci_low": _num(verdict.ci_low), "ci_high": _num(verdict.ci_high),
+                    "spread": _num(verdict.spread.sigma), "spread_source": verdict.spread.source,
+                    "spread_dof": _num(verdict.spread.dof), "min_detectable": _num(verdict.min_detectable),
+                    "runs_a": [int(r) for r in runs_a["run_id"]], "runs_b": [int(r) for r in runs_b["run_id"]],
+                    "runs_needed": verdict.runs_needed, "kernels": kernels})
+    return out
+
+
+def _num(x):
+    import math
+
+    return float(x) if x is not None and x == x and math.isfinite(float(x)) else None
+
+
+def run_compare(args) -> int:
+    """`ingest compare A B`: the Compare page's verdict for CI (exit 1 on a regression with
+    --fail-on-regression, 2 on bad input)."""
+    with open_db(args.db, read_only=True) as store:
+        a = _compare_side(store, args.a, args.repo, "A")
+        b = _compare_side(store, args.b, args.repo, "B")
+        results = compare_sides(store, a, b)
+    if not results:
+        raise IngestError(f"A {args.a} and B {args.b}: no series (workload, GPU, variant) measured on both sides")
+    if args.json:
+        print(json.dumps({"a": a["label"], "b": b["label"], "comparisons": results}, indent=1))
+    else:
+        print(f"stepwatch compare: {a['label']} -> {b['label']}")
+        for r in results:
+            print(f"\n{r['variant'] or 'no variant'} (series {r['series'] or 'of no commit'}): {r['sentence']}")
+            print(f"  runs: A {', '.join(map(str, r['runs_a']))}; B {', '.join(map(str, r['runs_b']))}")
+            for k in r["kernels"]:
+                delta = f"{k['delta_ms_per_step']:+.3f} ms per step" if k["delta_ms_per_step"] is not None else ""
+                print(f"  kernel {k['status']}: {k['name'][:90]} {delta}")
+    return 1 if args.fail_on_regression and any(r["verdict"] == "regression" for r in results) else 0

@@ -334,7 +334,7 @@ BROWSER_PAGES = {
                                                   ("kernels (matched by name and launcher op)", 1)]),
     "compare-commits": ("/compare?a={a}&b={b}&by=commits", [("Every variant at both commits", 1),
                                                              ("kernels (matched by name and launcher op)", 1)]),
-    "regressions": ("/regressions", [("First bad commit", 2), ("Diagnosis", 2)]),
+    "regressions": ("/regressions", [("First bad commit", 1), ("Diagnosis", 1)]),  # one event, one card
     "run_benchmark": ("/run_benchmark", [("failed (", 1), ("Show the log of job", 1)]),
 }
 

@@ -250,7 +250,7 @@ def test_the_dashboard_reads_the_same_series_trends_runs_and_changes_from_the_me
     config.write_text(f'[imports]\nroots = ["{ROOT.resolve()}"]\n')
     assert main(["merge", str(fixture_export), "--db", str(merged), "--config", str(config)]) == 0
     line = capsys.readouterr().err
-    assert line.count("\n") == 1 and "23 runs added, 0 already present" in line and "(2 confirmed)" in line
+    assert line.count("\n") == 1 and "23 runs added, 0 already present" in line and "(2 confirmed, 2 suspected)" in line
 
     def read(db: Path) -> dict:
         with open_db(db, read_only=True) as store:
@@ -276,7 +276,8 @@ def test_the_dashboard_reads_the_same_series_trends_runs_and_changes_from_the_me
     source, copy = read(dashboard_db), read(merged)
     assert copy["series"] == source["series"] and copy["counts"] == source["counts"] == 22
     assert copy["trends"] == source["trends"]
-    assert len(copy["changes"]) == 2 and copy["changes"] == source["changes"]
+    # the fixture's change point: tok/s and step ms (suspected) and its two kernels' counts (exact)
+    assert len(copy["changes"]) == 4 and copy["changes"] == source["changes"]
     assert copy["runs"].keys() == source["runs"].keys()
     for content_hash, run in source["runs"].items():
         assert repr(copy["runs"][content_hash]) == repr(run), run[0]["source_path"]  # repr: NaN as NaN

@@ -1,7 +1,9 @@
 """Automatic bisection on a real git repository: eight commits of stepwatch's kernels/, where the
 fifth switches the fused KV path back to casting the whole pool (the seeds' regression). Only
-the first and last commits are queued; the worker's change tracking finds the regression
-between them and bisects to the planted commit. Real processes, git, DuckDB; tiny preset, CPU."""
+the first and last commits are queued; the worker's change tracking finds the cast kernel that
+appears between them (a count: exact, so confirmed without repeats) and bisects to the planted
+commit. The step times are single CPU runs on a loaded host: without repeats they have no
+run-to-run spread, so their change is at most suspected and bisects nothing. Real processes, git, DuckDB; tiny preset, CPU."""
 
 import re
 
@@ -60,27 +62,32 @@ def test_worker_bisects_to_the_planted_commit(tmp_path):
     assert cast["commits_between"] == 0
     bisect_jobs = [j for j in jobs if (j["batch"] or "").startswith("bisect ")]
     assert all(j["status"] == "succeeded" for j in bisect_jobs)
-    # c4, c6, c5 (log2 of the six commits between, as git bisect); on a loaded machine a noisy
-    # timing can open one more window, so allow one spare run but no more
-    assert 3 <= len(bisect_jobs) <= 4, [j["label"] for j in bisect_jobs]
-    assert re.search(r"first bad commit \w+ isolated after [34] bisect run\(s\)", worker.stdout)
-    # the step got slower there too, by several times
-    step = changes[changes["metric"] == "step_ms"].iloc[0]
-    assert step["direction"] == "regression" and step["rel_change"] > 1.0
-    assert step["first_bad_sha"] == shas[4]
-    diagnosis = " ".join(f["text"] for f in step["diagnosis"])
-    assert "cast" in diagnosis
-    # the CI gate over the same history: Markdown, and exit 1 on the confirmed regression
+    # c4, c6, c5 (log2 of the six commits between, as git bisect): only confirmed changes are
+    # bisected (ingest.regress.noise), so a noisy CPU timing of single runs opens no extra window
+    assert len(bisect_jobs) == 3, [j["label"] for j in bisect_jobs]
+    assert re.search(r"first bad commit \w+ isolated after 3 bisect run\(s\)", worker.stdout)
+    # the cast's kernel is one fact of the event at c5: "added", never an improvement or regression
+    assert cast["direction"] == "added" and cast["status"] == "confirmed"
+    # the step time: single runs and a 5-commit history (4 differences) give no run-to-run spread,
+    # so no speed change is confirmed (the old detector confirmed a -51.8 % "improvement" here on
+    # a loaded host); a suspected one is a regression at c5 (the cast is several times slower)
+    speed = changes[changes["metric"].isin(["tok_per_s", "step_ms"])]
+    assert set(speed["status"]) <= {"suspected"}
+    step = speed[speed["metric"] == "step_ms"]
+    assert set(step["direction"]) <= {"regression"} and all(step["first_bad_sha"] == shas[4])
+    # the CI gate over the same history: Markdown, the event at c5 with its kernel added; no confirmed
+    # tok/s or step-time regression, so exit 0 even with --fail-on-regression
     check = run_cli("ingest", "check", "--repo", "planted", "--repo-path", str(repo), "--range", f"{shas[0]}..{shas[-1]}",
                     "--db", str(db), "--fail-on-regression")
-    assert check.returncode == 1, check.stderr
+    assert check.returncode == 0, check.stderr
     assert check.stdout.startswith(f"## stepwatch check `{shas[0]}..{shas[-1]}`")
-    assert re.search(r"\*\*[1-9]\d* confirmed regression\(s\)\*\* of tok/s or step time", check.stdout)
+    assert "**0 confirmed regression(s)** of tok/s or step time" in check.stdout
     assert f"`{shas[4][:12]}` c5: fused KV path casts the whole pool again" in check.stdout
+    assert "_fetch_kv" not in check.stdout  # (kernels are named short: their source line is the DB's)
+    assert "copy_ added" in check.stdout  # the cast (aten::copy_), inside its event's row
     clean = run_cli("ingest", "check", "--repo", "planted", "--repo-path", str(repo), "--range",
-                    f"{shas[0]}..{shas[3]}", "--db", str(db))
-    # before the planted commit nothing changed in the code: no kernel appears or goes. (Its step
-    # times are CPU timings of two runs; on a busy machine they can differ by some per cent, and
-    # with two points the detector has no run-to-run spread to weigh that against.)
-    assert clean.returncode == 0
-    assert "kernel:calls_per_step" not in clean.stdout
+                    f"{shas[0]}..{shas[3]}", "--db", str(db), "--fail-on-regression")
+    # before the planted commit nothing changed in the code: nothing confirmed, no kernel appears or goes
+    assert clean.returncode == 0, clean.stdout
+    assert "**0 confirmed regression(s)**" in clean.stdout or "No change in any series" in clean.stdout
+    assert " added" not in clean.stdout and " removed" not in clean.stdout

@@ -222,7 +222,12 @@ def test_jobs_newest_first_with_log_tail_and_the_runs_figures(store, dashboard_d
 
 def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):
     changes = views.list_changes(store)
-    assert changes["metric"].tolist() == ["tok_per_s", "step_ms"]  # one commit: the newest change id first
+    # one commit: the newest change id first; the cast kernel added and the gather-cast kernel removed
+    # there (counts: exact from one run a side) beside tok/s and step ms (suspected: no run-to-run spread)
+    assert [m.split(":")[0] + ":" + m.split(":")[1] if m.startswith("kernel:") else m for m in changes["metric"]] == [
+        "kernel:calls_per_step", "kernel:calls_per_step", "tok_per_s", "step_ms"]
+    assert changes["direction"].tolist() == ["added", "removed", "regression", "regression"]
+    assert changes["status"].tolist() == ["confirmed", "confirmed", "suspected", "suspected"]
     tok = changes[changes["metric"] == "tok_per_s"].iloc[0]
     assert (tok.repo, tok.variant, tok.direction, tok.first_bad_short_sha, tok.last_good_sha[:7]) == (
         "kv-regression-demo", "main", "regression", "9f8e7d6", "1a2b3c4")
@@ -238,7 +243,7 @@ def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):
     assert sorted(marked["metric"]) == ["step_ms", "tok_per_s"]
     assert views.list_series_changes(store, "stepwatch", "reference", "NVIDIA H200", GLM5_GRAPH).empty
     at_bad = views.list_changes_at_commit_of_run(store, int(tok.first_bad_run_id))
-    assert len(at_bad) == 2 and views.list_changes_at_commit_of_run(store, int(tok.last_good_run_id)).empty
+    assert len(at_bad) == 4 and views.list_changes_at_commit_of_run(store, int(tok.last_good_run_id)).empty
 
 
 def test_a_runs_diagnosis_is_part_of_its_overview(store, dashboard_db):

@@ -6,7 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
-from app.changes import KERNEL_KINDS, classify_kernel_diff, describe_change, describe_verdict
+from app.changes import (KERNEL_KINDS, classify_kernel_diff, describe_change, describe_evidence, describe_run_verdict,
+                         judge_sides)
 from app.diagnosis import diagnose_pair, is_patch_pair
 from app.kpis import show_run_kpis
 from app.labels import describe_run, describe_series, format_change, label_commit
@@ -18,7 +19,7 @@ from db import views
 from ingest.regress import RegressError
 from ingest.regress.diagnose import shorten_kernel_name
 from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
-from ingest.regress.uncertainty import CHANGED, compare_samples
+from ingest.regress.noise import step_floor
 
 st.title("Compare")
 asked_a, asked_b = read_int_param("a"), read_int_param("b")
@@ -97,22 +98,25 @@ same_work = (a["workload_key"] is not None and b["workload_key"] is not None and
 if not matrix.empty and a["sha"] and b["sha"] and a["sha"] != b["sha"] and same_work:
     st.subheader("Every variant at both commits")
     name_a, name_b = a["sha"][:7], b["sha"][:7]
-    runs_spread, by_run = comparison["spread"], comparison["matrix_samples"]
+    values = comparison["series_values"]
 
-    def variant_verdict(x, y) -> str:
+    def variant_verdict(variant, x, y) -> str:
         if pd.isna(x) or pd.isna(y):
             return "—"
-        return compare_samples(by_run[int(x)], by_run[int(y)], spread=runs_spread["spread"],
-                               spread_pairs=runs_spread["pairs"]).verdict
+        at = values[values["variant"] == variant]  # every run of the variant at each commit: pooled
+        runs_a = at.loc[at["sha"] == a["sha"], "run_id"].tolist()
+        runs_b = at.loc[at["sha"] == b["sha"], "run_id"].tolist()
+        return judge_sides(values, variant, runs_a, runs_b, None, None, same_commit=False).verdict
 
-    verdicts = [variant_verdict(x, y) for x, y in zip(matrix["a_run_id"], matrix["b_run_id"])]
+    verdicts = [variant_verdict(v, x, y) for v, x, y in zip(matrix["variant"], matrix["a_run_id"], matrix["b_run_id"])]
     table = matrix.assign(change=[format_change(x, y) for x, y in zip(matrix["a_tok_per_s"], matrix["b_tok_per_s"])],
                           verdict=verdicts, run_a=link_runs(matrix["a_run_id"]), run_b=link_runs(matrix["b_run_id"]))
     st.dataframe(as_percent(table), hide_index=True, column_order=[
         "variant", "a_tok_per_s", "b_tok_per_s", "change", "verdict", "a_step_ms", "b_step_ms", "a_copy_share",
         "b_copy_share", "run_a", "run_b"], column_config=variant_matrix_columns(name_a, name_b))
-    st.caption("verdict: the step-time change of each variant against its noise, by the rule of the headline below "
-               "(changed / within noise / not enough data); a variant measured at one commit only shows —.")
+    st.caption("verdict: the step-time change of each variant, all its runs at each commit pooled, against the "
+               "run-to-run spread of its own series, by the rule of the headline below; a variant measured at one "
+               "commit only shows —.")
     st.altair_chart(charts.variant_chart(matrix, f"A {name_a}", f"B {name_b}"))
 if a["workload_key"] is None or b["workload_key"] is None:
     st.warning("Run A or run B has no workload recorded (a trace imported on its own): stepwatch cannot tell "
@@ -122,16 +126,25 @@ elif not same_work:
 
 samples_a, samples_b = comparison["samples_a"], comparison["samples_b"]
 spread = comparison["spread"]
-verdict = compare_samples(samples_a["ms"], samples_b["ms"], spread=spread["spread"], spread_pairs=spread["pairs"])
+values = comparison["series_values"]
+if by == "two commits":  # a commit pools all its runs of the variant
+    runs_a, runs_b = ([int(r) for r in values.loc[(values["sha"] == run["sha"]) & (values["variant"] == (
+        run["variant"] or "")), "run_id"]] for run in (a, b))
+else:
+    runs_a, runs_b = [a["run_id"]], [b["run_id"]]
+floors = [f for f in (step_floor(samples_a["ms"]), step_floor(samples_b["ms"])) if f is not None]
+verdict = judge_sides(values, a["variant"], runs_a, runs_b, a["step_ms"], b["step_ms"], floor=max(floors, default=None),
+                      same_commit=bool(a["sha"]) and a["sha"] == b["sha"] and a["variant"] == b["variant"] and same_work)
+spread = {"spread": verdict.spread.sigma}
 for name, run, base in (("A", a, None), ("B", b, a)):
     title = describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"], run["workload_key"])
     st.markdown(format_markdown("**{}** · [{}](run?run={})", name, title, run["run_id"]))
     show_run_kpis(run, base, verdict.verdict if base else None)
-st.markdown(describe_verdict(verdict, samples_a["source"], samples_b["source"]))
+st.markdown(describe_run_verdict(verdict, samples_a["source"], samples_b["source"]))
 
 st.subheader("Diagnosis")
-if verdict.verdict != CHANGED:  # the diagnosis explains whatever moved; say that it does not count as a change
-    st.caption(f"The step-time change is {verdict.verdict}: what follows explains the differences there are, "
+if not verdict.changed:  # the diagnosis explains whatever moved; say that it does not count as a change
+    st.caption(f"The step-time verdict is \"{verdict.verdict}\": what follows explains the differences there are, "
                "not a change.")
 try:
     st.markdown(format_markdown_list(diagnose_pair(a, b, comparison["kernels_a"], comparison["kernels_b"])))
@@ -140,9 +153,10 @@ except RegressError as e:
 st.caption(("B is A patched: the same workload at the same commit with another variant." if is_patch_pair(a, b)
             else "From A to B: the headline change and the kernels that explain most of it."))
 for change in comparison["changes"].itertuples():
-    st.markdown(format_markdown("Confirmed at {} in {} ({}): **{}**, p = {:.2g} · [all changes](regressions)",
+    st.markdown(format_markdown("{} at {} in {} ({}): **{}** ({}) · [all changes](regressions)",
+                                "Confirmed" if change.status == "confirmed" else "Suspected",
                                 change.first_bad_short_sha, change.repo, change.variant or "no variant",
-                                describe_change(change), change.p_value))
+                                describe_change(change), describe_evidence(change)))
 
 st.subheader("What changed in the step time")
 st.altair_chart(charts.change_chart(charts.change_rows(diff, spread["spread"])))
@@ -160,8 +174,8 @@ shown = filter_rows(kernels[kernels["change"].isin(kinds)], needle, ["name", "ca
 counts = kernels["change"].value_counts()
 st.caption(format_markdown(
     "{} of {} kernels (matched by name and launcher op) shown, the largest change in ms per step first: "
-    "{} added, {} removed, {} changed beyond their noise, {} within noise, {} with too few profiled steps to "
-    "tell. A kernel changed when its calls per step did, or when its ms per step moved by at least {:g} % at "
+    "{} added, {} removed, {} changed beyond their noise, {} within noise, {} not enough data (too few profiled "
+    "steps, or no run-to-run spread of this workload to judge them against). A kernel changed when its calls per step did, or when its ms per step moved by at least {:g} % at "
     "p < {:g} (Welch's test over the profiled steps; source lines summed as independent){}.",
     len(shown), len(kernels), *(int(counts.get(k, 0)) for k in KERNEL_KINDS), MIN_REL_CHANGE * 100, ALPHA,
     Markdown(f" and beyond the {spread['spread'] * 100:.1f} % run-to-run spread" if spread["spread"] is not None

@@ -11,8 +11,11 @@ from app.changes import (
     KINDS,
     describe_between,
     describe_metric,
+    describe_evidence,
+    describe_status,
     filter_changes,
     format_metric_value,
+    group_events,
     format_rel_change,
 )
 from app.labels import describe_series
@@ -22,8 +25,8 @@ from db import views
 from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
 
 st.title("Regressions")
-st.caption("Changes along a series' commits that a rank test on the per-step samples confirmed, with a minimum "
-           "effect size, so that machine noise does not count.")
+st.caption("Change points along a series' commits, one card each with every metric and kernel that moved there. "
+           "The run is the sample: a change is confirmed only beyond the run-to-run spread of its own series.")
 changes, series = data.load_all((views.list_changes,), (views.list_series,))
 if changes.empty:
     checked = series[series["commits"] >= 2]
@@ -57,16 +60,31 @@ with cols[3]:
     kind = select_in_url("Metric", list(KINDS), "kind", format_func=KINDS.get)
 
 # a change's first commit and the last one before it: "bad" and "good" only for a regression
-COMMIT_WORDS = {"regression": ("first bad", "last good"), "improvement": ("first improved", "previous")}
+COMMIT_WORDS = {"regression": ("first bad", "last good"), "improvement": ("first improved", "previous"),
+                "added": ("first", "previous"), "removed": ("first", "previous")}
 shown = filter_changes(changes, repo, series_id, direction, kind)
-st.caption(f"{len(shown)} of {len(changes)} confirmed changes, newest first (by first bad commit).")
-for change in shown.itertuples():
+# the filters pick events (any of their changes passing); a card shows all of its event's changes
+picked = set(shown["change_id"])
+events = [e for e in group_events(filter_changes(changes, repo, series_id, "all", "all"))
+          if any(r.change_id in picked for r in e["rows"])]
+confirmed = int((shown["status"] == "confirmed").sum())
+st.caption(f"{len(events)} event{'s' if len(events) != 1 else ''} ({len(shown)} of {len(changes)} changes: "
+           f"{confirmed} confirmed, {len(shown) - confirmed} suspected), newest first (by first bad commit). "
+           "A change is confirmed when it clears the run-to-run spread of its own series (repeated runs, else "
+           "its history); without one it is only suspected.")
+
+
+def _line(row) -> Markdown:
+    return format_markdown("**{}** {} · {} -> {} (**{}**, {})", describe_metric(row.metric), Markdown(describe_status(row)),
+                           format_metric_value(row.metric, row.before_value),
+                           format_metric_value(row.metric, row.after_value), format_rel_change(row.rel_change),
+                           describe_evidence(row))
+
+
+for event in events:
+    change = event["head"]
     with st.container(border=True):
-        mark = Markdown(":red[regression]" if change.direction == "regression" else ":green[improvement]")
-        st.markdown(format_markdown("**{}** {} · {} -> {} (**{}**, p = {:.2g})", describe_metric(change.metric), mark,
-                                    format_metric_value(change.metric, change.before_value),
-                                    format_metric_value(change.metric, change.after_value),
-                                    format_rel_change(change.rel_change), change.p_value))
+        st.markdown(_line(change))
         date = Markdown(f"{change.first_bad_date:%Y-%m-%d %H:%M}") if pd.notna(change.first_bad_date) else "no date"
         first, last = COMMIT_WORDS[change.direction]
         st.markdown(format_markdown("{} commit {:code} {} · {} · {} ({} {:code})", first.capitalize(),
@@ -74,10 +92,13 @@ for change in shown.itertuples():
                                     change.first_bad_author or "unknown author", last, change.last_good_sha[:7]))
         st.caption(format_markdown("{} · {}", series_names[change.series_id],
                                    describe_between(change.commits_between, change.bisect_runs, last, first)))
+        if event["metrics"] or event["kernels"]:
+            st.markdown(Markdown("\n".join(f"- {_line(r)}" for r in event["metrics"] + event["kernels"])))
         st.page_link("screens/compare.py", label=f"Compare the {last} and the {first} run",
                      icon=":material/compare_arrows:",
                      query_params={"a": str(change.last_good_run_id), "b": str(change.first_bad_run_id),
                                    "by": "runs"})
-        if change.diagnosis:
+        diagnosis = next((r.diagnosis for r in event["rows"] if r.diagnosis), None)
+        if diagnosis:
             with st.expander("Diagnosis"):
-                st.markdown(format_markdown_list(finding["text"] for finding in change.diagnosis))
+                st.markdown(format_markdown_list(finding["text"] for finding in diagnosis))

@@ -6,6 +6,9 @@
 - `ingest.regress.explain`: which kernels' change explains a step-time change between two runs.
 - `ingest.regress.diagnose`: short sentences with their numbers about a run, a change, or a
   patched/unpatched pair.
+- `ingest.regress.noise`: the one noise model every verdict rests on (the run is the sample, a
+  commit pools its runs, the spread the series' own repeats or history, steps only a floor):
+  regression / improvement / repeat / too noisy / within noise / not enough data.
 - `ingest.regress.uncertainty`: two samples' verdict (changed / within noise / not enough data)
   with its interval, the run-to-run spread counted.
 - `ingest.regress.consistency`: whether a run's figures agree with one another and with its

@@ -70,7 +70,8 @@ def _read_windows(store, echo: Callable[[str], None]) -> list[tuple[str, dict, s
     """(series tag, change, spec of its first bad run) for each change window still to bisect,
     structural changes (deterministic) first, then the noisier speed metrics."""
     changes = list_changes(store, limit=200)
-    changes = changes.loc[np.array([is_bisectable(m) for m in changes["metric"]], dtype=bool)]
+    changes = changes.loc[np.array([is_bisectable(m, s) for m, s in zip(changes["metric"], changes["status"])],
+                                   dtype=bool)]
     changes = changes.assign(order=[0 if m.startswith("kernel:calls") else 1 for m in changes["metric"]])
     windows, seen = [], set()
     for change in changes.sort_values(["order", "change_id"]).to_dict(orient="records"):

@@ -9,7 +9,11 @@ Metrics per series: tok/s (higher is better), step ms, copy share, each category
 step (lower is better), and each kernel's ms per step and calls per step where the kernel is
 big enough to matter (>= 1 % of a step somewhere in the series). Per-step samples come from
 the run's untimed step times (its manifest) and its profiled steps; a run at the same commit
-as another adds its samples to that commit's point.
+as another adds its samples to that commit's point. Those samples only find candidates
+(detect.detect_changes); a change is stored when the noise model confirms it
+(ingest.regress.noise, `judge_changes`): the runs are the samples, the spread the metric's own
+repeats or history. So two single runs with no history never make a stored change of speed; a
+kernel's calls per step is exact, and a kernel that appears or vanishes is "added" / "removed".
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from db.store import open_db
 from db.views import get_series_of_run, list_series
 
 from ..priority import run_as_batch
-from ..regress.detect import Point, detect_changes
+from ..regress.detect import MIN_REL_CHANGE, Change, Point, detect_changes
+from ..regress.noise import NOT_ENOUGH, estimate_spread, judge, judge_counts, step_floor
 from ..regress.diagnose import RunFacts, diagnose_change
 from ..regress.explain import explain_change
 from ..traces.categories import COPY_CATEGORIES
@@ -36,10 +41,12 @@ PRIMARY = ("tok_per_s", "step_ms")
 KERNEL_MIN_SHARE = 0.01
 
 
-def is_bisectable(metric: str) -> bool:
-    """Changes worth bisecting: the step's speed, and structural ones that noise cannot fake
-    (a kernel's calls per step, the copy share)."""
-    return metric in PRIMARY or metric == "copy_share" or metric.startswith("kernel:calls_per_step:")
+def is_bisectable(metric: str, status: str = "confirmed") -> bool:
+    """Changes worth bisecting: confirmed ones (the noise model's rule; a suspected change
+    would spend runs on what may be noise) of the step's speed, and structural ones that noise
+    cannot fake (a kernel's calls per step, the copy share)."""
+    return status == "confirmed" and (metric in PRIMARY or metric == "copy_share"
+                                      or metric.startswith("kernel:calls_per_step:"))
 
 
 def _facts_of(run: dict, kernels: pd.DataFrame) -> RunFacts:
@@ -64,28 +71,51 @@ def _commit_points(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _metric_points(commits: pd.DataFrame, per_step: pd.DataFrame, kernels: dict[int, pd.DataFrame]):
-    """(metric, higher_is_better, [Point]) for every metric of the series."""
+def _metric_points(commits: pd.DataFrame, per_step: pd.DataFrame, kernels: dict[int, pd.DataFrame], points=None):
+    """(metric, higher_is_better, [Point], run values) for every metric of the series: the Points
+    hold each commit's pooled per-step samples (the detector's candidates), the run values one
+    number per run of each commit (ingest.regress.noise's sample: a run's step ms, tok/s, its
+    median over profiled steps of the copy share or a category, a kernel's ms or calls per step)."""
     shas = list(commits["sha"])
-    yield "step_ms", False, [Point(s, tuple(v)) for s, v in zip(shas, commits["step_ms_samples"])]
+    by_run = points.set_index("run_id") if points is not None else None
+
+    def run_field(field: str, fallback=None) -> list[list[float]]:
+        out = []
+        for run_ids, batch in zip(commits["run_ids"], commits["batch_size"]):
+            vals = []
+            for r in run_ids:
+                v = by_run.at[r, field] if by_run is not None and field in by_run.columns else None
+                if (v is None or pd.isna(v)) and fallback is not None:
+                    v = fallback(r, batch)
+                if v is not None and not pd.isna(v):
+                    vals.append(float(v))
+            out.append(vals)
+        return out
+
+    step_ms = run_field("step_ms")
+    tok = run_field("tok_per_s", lambda r, b: b * 1000.0 / by_run.at[r, "step_ms"] if by_run is not None
+                    and by_run.at[r, "step_ms"] else None)
+    yield "step_ms", False, [Point(s, tuple(v)) for s, v in zip(shas, commits["step_ms_samples"])], step_ms
     yield "tok_per_s", True, [Point(s, tuple(b * 1000.0 / np.asarray(v, float)) if len(v) else ())
-                              for s, v, b in zip(shas, commits["step_ms_samples"], commits["batch_size"])]
+                              for s, v, b in zip(shas, commits["step_ms_samples"], commits["batch_size"])], tok
     steps = per_step.pivot_table(index=["run_id", "step"], columns="category", values="dur_us",
                                  aggfunc="sum", fill_value=0.0) if len(per_step) else pd.DataFrame()
     totals = per_step.groupby(["run_id", "step"])["kernel_us"].first() if len(per_step) else pd.Series(dtype=float)
 
-    def per_commit(values: pd.Series) -> list[Point]:
-        out = []
+    def per_commit(values: pd.Series) -> tuple[list[Point], list[list[float]]]:
+        out, runs = [], []
+        medians = values.groupby(level=0).median() if len(values) else values
         for sha, run_ids in zip(shas, commits["run_ids"]):
             v = values[values.index.get_level_values(0).isin(run_ids)] if len(values) else values
             out.append(Point(sha, tuple(v.to_numpy(float))))
-        return out
+            runs.append([float(medians[r]) for r in run_ids if r in medians.index])
+        return out, runs
 
     if len(steps):
         copy = steps[[c for c in COPY_CATEGORIES if c in steps.columns]].sum(axis=1) / totals
-        yield "copy_share", False, per_commit(copy)
+        yield "copy_share", False, *per_commit(copy)
         for category in steps.columns:
-            yield f"category:{category}", False, per_commit(steps[category] / 1000.0)
+            yield f"category:{category}", False, *per_commit(steps[category] / 1000.0)
     # kernels: one value per run (0 where absent), for kernels worth 1 % of a step somewhere
     tables = {rid: k for rid, k in kernels.items()}
     shares = pd.concat([k.assign(run_id=rid) for rid, k in tables.items()]) if tables else pd.DataFrame()
@@ -94,12 +124,13 @@ def _metric_points(commits: pd.DataFrame, per_step: pd.DataFrame, kernels: dict[
         big = shares.groupby("key")["share"].max()
         for key in big[big >= KERNEL_MIN_SHARE].index:
             for field in ("ms_per_step", "calls_per_step"):
-                pts = []
+                pts, runs = [], []
                 for sha, run_ids in zip(shas, commits["run_ids"]):
                     vals = [float(tables[r].loc[tables[r]["key"] == key, field].sum()) if "key" in tables[r]
                             else 0.0 for r in run_ids]
                     pts.append(Point(sha, tuple(vals)))
-                yield f"kernel:{field}:{key}", False, pts
+                    runs.append(vals)
+                yield f"kernel:{field}:{key}", False, pts, runs
 
 
 @dataclass(frozen=True)
@@ -112,6 +143,7 @@ class SeriesData:
     per_step: pd.DataFrame
     kernels: dict
     facts: dict  # run id -> RunFacts
+    exact_counts: bool = True  # workload recorded, commit order known: a kernel's calls per step is exact from one run
 
 
 def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> SeriesData | None:
@@ -128,7 +160,9 @@ def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -
         k = facts[rid].kernels.copy()
         k["key"] = k["name"] + "\x1f" + k["launcher"] + "\x1f" + k["source"]
         kernels[rid] = k
-    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts)
+    # counts are exact along a known order only: a commit without its first-parent place sorts last
+    exact = bool(series.get("workload_key")) and bool(points["seq"].notna().all())
+    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts, exact)
 
 
 def detect_series_changes(data: SeriesData | None) -> list[dict]:
@@ -138,25 +172,104 @@ def detect_series_changes(data: SeriesData | None) -> list[dict]:
         return []
     commits = _commit_points(data.points)
     rows = []
-    for metric, higher, pts in _metric_points(commits, data.per_step, data.kernels):
-        for ch in detect_changes(pts, higher_is_better=higher):
+    for metric, higher, pts, run_values in _metric_points(commits, data.per_step, data.kernels, data.points):
+        for ch, verdict in judge_changes(metric, higher, pts, run_values, data.exact_counts):
             good, bad = commits.iloc[ch.last_good], commits.iloc[ch.first_bad]
             between = int(bad["seq"] - good["seq"] - 1) if pd.notna(bad["seq"]) and pd.notna(good["seq"]) else 0
-            row = {"metric": metric, "direction": ch.direction,
+            row = {"metric": metric, "direction": _direction(metric, ch, verdict),
                    "last_good_commit_id": int(good["commit_id"]), "first_bad_commit_id": int(bad["commit_id"]),
                    "last_good_run_id": int(good["last_run_id"]), "first_bad_run_id": int(bad["last_run_id"]),
                    "before_value": ch.before_median, "after_value": ch.after_median,
                    "rel_change": ch.rel_change,  # +inf for a kernel that appears
-                   "p_value": ch.p_value, "commits_between": max(between, 0)}
+                   "p_value": ch.p_value, "commits_between": max(between, 0),
+                   "noise": {"verdict": verdict.verdict, "spread": verdict.spread.sigma,
+                             "spread_source": verdict.spread.source, "spread_dof": verdict.spread.dof,
+                             "runs_before": verdict.n_a, "runs_after": verdict.n_b,
+                             "ci_low": verdict.ci_low, "ci_high": verdict.ci_high}}
+            noise = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.pop("noise").items()}
+            row["explanation"] = {"noise": noise}  # how the noise model confirmed it
             if metric in PRIMARY:
                 before, after = data.facts[row["last_good_run_id"]], data.facts[row["first_bad_run_id"]]
                 explanation = explain_change(before.kernels, after.kernels, before.step_ms, after.step_ms)
-                row["explanation"] = {"kernels": _records(explanation.kernels.head(10)),
-                                      "categories": _records(explanation.categories),
-                                      "unexplained_ms": explanation.unexplained_ms}
+                row["explanation"].update({"kernels": _records(explanation.kernels.head(10)),
+                                           "categories": _records(explanation.categories),
+                                           "unexplained_ms": explanation.unexplained_ms})
                 row["diagnosis"] = [asdict(f) for f in diagnose_change(before, after, explanation, bad["sha"])]
             rows.append(row)
     return rows
+
+
+def judge_changes(metric: str, higher: bool, points: list[Point], run_values: list[list[float]],
+                  exact_counts: bool = True):
+    """The detector's candidate changes of one metric that the noise model (ingest.regress.noise)
+    confirms, with its verdict: the runs of the segment before against those after (each run one
+    sample, the commits of a segment pooled), the spread from the metric's own repeats, else its
+    own history with the detector's change points left out, the steps of a run only its floor.
+    A kernel's calls per step is a count: exact (judge_counts). A kernel that appears or vanishes
+    (its calls per step from or to 0) is kept whatever the noise: "added" / "removed". A candidate
+    with no spread to judge it against ("not enough data": single runs, a short history) is kept
+    as *suspected* (its noise verdict says so; pages, `ingest check` and bisect tell it apart);
+    one within noise or too noisy to judge is dropped."""
+    count = metric.startswith("kernel:calls_per_step:")
+    # (a series with no workload recorded may lump different work together: its counts go to the detector)
+    found = (count and exact_counts and find_count_changes(points, run_values, higher)) or detect_changes(
+        points, higher_is_better=higher)
+    if not found:
+        return []
+    # the floor: a run's own steps (a kernel's points hold one value a run, no steps)
+    floors = [] if metric.startswith("kernel:") else [f for f in (step_floor(p.samples) for p in points) if f is not None]
+    spread = None if count else estimate_spread(run_values, [c.first_bad for c in found],
+                                                float(np.median(floors)) if floors else None)
+    kept = []
+    for ch in found:
+        lo, hi = ch.first_bad - ch.points_before, ch.first_bad + ch.points_after
+        before = [v for vals in run_values[max(lo, 0):ch.last_good + 1] for v in vals]
+        after = [v for vals in run_values[ch.first_bad:hi] for v in vals]
+        if metric.startswith("kernel:") and (not any(before) or not any(after)):
+            verdict = judge_counts([float(bool(v)) for v in before], [float(bool(v)) for v in after])
+        elif count:
+            verdict = judge_counts(before, after, higher_is_better=higher)
+        else:
+            verdict = judge(before, after, spread, higher_is_better=higher)
+        if verdict.changed or verdict.verdict == NOT_ENOUGH:  # the latter kept as "suspected"
+            kept.append((ch, verdict))
+    return kept
+
+
+def find_count_changes(points: list[Point], run_values: list[list[float]], higher: bool) -> list[Change] | None:
+    """A count's change points (a kernel's calls per step), exactly: where consecutive measured
+    commits' values differ by at least MIN_REL_CHANGE (or from or to 0), each commit's runs
+    agreeing. None when some commit's runs disagree (then the detector decides). A rank test
+    cannot rank one value a side; a count needs none: one run at each end suffices."""
+    measured = [(i, v) for i, v in enumerate(run_values) if v]
+    if any(max(v) != min(v) for _, v in measured):
+        return None
+    levels = [(i, v[0]) for i, v in measured]
+    cuts = [k for k in range(1, len(levels)) if levels[k][1] != levels[k - 1][1] and (
+        levels[k - 1][1] == 0 or levels[k][1] == 0 or abs(levels[k][1] / levels[k - 1][1] - 1) >= MIN_REL_CHANGE)]
+    bounds = [0, *cuts, len(levels)]
+    changes = []
+    for j, k in enumerate(cuts):
+        (good, before), (bad, after) = levels[k - 1], levels[k]
+        rel = (after - before) / abs(before) if before else math.copysign(math.inf, after - before)
+        worse = after < before if higher else after > before
+        n_before, n_after = k - bounds[j], bounds[j + 2] - k
+        changes.append(Change(
+            last_good=good, first_bad=bad, last_good_commit=points[good].commit, first_bad_commit=points[bad].commit,
+            before_median=float(before), after_median=float(after), rel_change=rel,
+            direction="regression" if worse else "improvement", p_value=0.0, points_before=n_before,
+            points_after=n_after, samples_before=sum(len(run_values[i]) for i, _ in levels[bounds[j]:k]),
+            samples_after=sum(len(run_values[i]) for i, _ in levels[k:bounds[j + 2]]),
+            last_good_samples=len(run_values[good]), first_bad_samples=len(run_values[bad]), noise=0.0,
+            noise_source="exact", log_scale=False))
+    return changes
+
+
+def _direction(metric: str, ch, verdict) -> str:
+    """regression / improvement; a kernel that appears or vanishes is "added" / "removed"."""
+    if metric.startswith("kernel:") and (ch.before_median == 0 or ch.after_median == 0):
+        return "added" if ch.before_median == 0 else "removed"
+    return verdict.verdict if verdict.changed else ch.direction
 
 
 def analyse_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> list[dict]:
