@@ -145,7 +145,8 @@ class Worker:
 
     def __init__(self, db: Path, *flags: str):
         self.proc = subprocess.Popen([sys.executable, "-m", "ingest", "worker", "--db", str(db), "--poll-s", "0.2",
-                                      *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                      "--config", str(_import_config(db)), *flags], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self._reader.start()
@@ -186,8 +187,17 @@ def _alive_in_group(pgid: int) -> list[int]:
     return alive
 
 
+def _import_config(db: Path) -> Path:
+    """A config whose [imports] roots are the test's directory and the repository's test data: the
+    import engine reads only under the roots a config names (tests/test_hardening_doors.py)."""
+    config = db.parent / "imports.toml"
+    config.write_text(f'[imports]\nroots = ["{db.parent.resolve()}", "{DATA.resolve()}"]\n')
+    return config
+
+
 def _queue_import(db: Path, path: Path, *flags: str) -> int:
-    result = run_cli("ingest", "run", "--engine", "import", "--path", str(path), "--db", str(db), "--queue", *flags)
+    result = run_cli("ingest", "run", "--engine", "import", "--path", str(path), "--db", str(db), "--queue",
+                     "--config", str(_import_config(db)), *flags)
     assert result.returncode == 0, result.stderr
     return int(result.stdout.split()[-1])
 
