@@ -29,6 +29,7 @@ from db.store import RunRecord
 from ..errors import IngestError
 from ..traces.categories import Rule
 from ..traces.importer import ImportOptions, prepare_import
+from ..traces.rank_pool import send_payload
 from ..traces.trace_read import _die_with_parent
 from .errors import CommandCancelled, CommandTimeout, RunError
 
@@ -54,16 +55,7 @@ def _child_main(path: Path, rules: list[Rule], opts: ImportOptions, conn, parent
         payload = ("ingest", str(e))
     except BaseException:  # noqa: BLE001 - a bug: its traceback goes to the job's log
         payload = ("crash", traceback.format_exc())
-    try:
-        try:
-            conn.send(payload)
-        except OSError:  # the worker is gone
-            return
-        except BaseException:  # noqa: BLE001 - a record that does not pickle is a bug too
-            conn.send(("crash", traceback.format_exc()))
-        conn.close()
-    except OSError:
-        pass
+    send_payload(conn, payload)
 
 
 def _end(proc) -> None:

@@ -96,12 +96,18 @@ def _reader_main(index: int, work: Callable[[int], T], conn, parent: int) -> Non
         payload = ("ingest", str(e))
     except BaseException:  # noqa: BLE001 - said again by this file's read in the importer
         payload = ("crash", traceback.format_exc())
+    send_payload(conn, payload)
+
+
+def send_payload(conn, payload: tuple) -> None:
+    """A child process's last word: payload on conn, or ('crash', traceback) when it does not pickle;
+    nothing when the parent is gone (a reader here, the worker's import process)."""
     try:
         try:
             conn.send(payload)
-        except OSError:  # the importer is gone
+        except OSError:  # the parent is gone
             return
-        except BaseException:  # noqa: BLE001 - a result that does not pickle: read again there
+        except BaseException:  # noqa: BLE001 - a result that does not pickle: a bug, said there
             conn.send(("crash", traceback.format_exc()))
         conn.close()
     except OSError:
