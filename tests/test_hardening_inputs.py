@@ -188,10 +188,11 @@ def _alive_in_group(pgid: int) -> list[int]:
 
 
 def _import_config(db: Path) -> Path:
-    """A config whose [imports] roots are the test's directory and the repository's test data: the
-    import engine reads only under the roots a config names (tests/test_hardening_doors.py)."""
+    """A config whose [imports] roots are this pytest run's temporary directories (the test's own and the
+    session's generated traces) and the repository's test data: the import engine reads only under
+    the roots a config names (tests/test_hardening_doors.py)."""
     config = db.parent / "imports.toml"
-    config.write_text(f'[imports]\nroots = ["{db.parent.resolve()}", "{DATA.resolve()}"]\n')
+    config.write_text(f'[imports]\nroots = ["{db.parent.parent.resolve()}", "{DATA.resolve()}"]\n')
     return config
 
 
