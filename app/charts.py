@@ -197,8 +197,9 @@ def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame
     Each category present in both runs with step-to-step spreads on both sides gets the verdict
     the kernels get (compare_means: Welch's test on the profiled steps, at least 3 %, beyond the
     workload's run-to-run `spread`): `low`/`high`, its 95 % interval in ms, and `noise`, whether
-    it is within noise (the label says so); with the spread unknown (None) every category is
-    noise, as the noise model rules (ingest.regress.noise). A category new or gone is a change."""
+    it is within noise (the label says so); with the spread unknown (None) no category can be
+    called changed, as the noise model rules (ingest.regress.noise): drawn pale like noise, its
+    label says "not enough data". A category new or gone is a change."""
     total = float(diff["delta_ms_per_step"].sum())
     rows = pd.DataFrame({"part": ["step"] + diff["category"].tolist(),
                          "delta_ms": [total] + diff["delta_ms_per_step"].astype(float).tolist()})
@@ -216,7 +217,8 @@ def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame
         noise.append(inside and (v.verdict == WITHIN_NOISE or spread is None))
     rows["low"], rows["high"] = pd.array(lows, dtype="Float64"), pd.array(highs, dtype="Float64")
     rows["noise"] = noise
-    rows["label"] = [f"{d:+,.3f} ms" + (" (noise)" if n else "") for d, n in zip(rows["delta_ms"], rows["noise"])]
+    unjudged = " (not enough data)" if spread is None else " (noise)"
+    rows["label"] = [f"{d:+,.3f} ms" + (unjudged if n else "") for d, n in zip(rows["delta_ms"], rows["noise"])]
     return rows
 
 

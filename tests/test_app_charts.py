@@ -76,7 +76,13 @@ def test_step_breakdown_and_means_use_one_colour_per_category(frames):
 
 
 def test_the_change_chart_shows_each_change_from_zero_with_its_value(frames):
-    rows = charts.change_rows(frames["diff"])
+    # without the workload's run-to-run spread no category is called changed (the noise model:
+    # two runs' steps cannot tell a change), and the label says why
+    unknown = charts.change_rows(frames["diff"])
+    assert unknown["noise"][1:].all() and not unknown["noise"][0]
+    assert all(label.endswith(" (not enough data)") for label in unknown["label"][1:])
+    # a spread known and negligible: the verdict is the profiled steps' own test
+    rows = charts.change_rows(frames["diff"], 1e-9)
     assert rows["part"].tolist() == ["step", "cast", "gemm", "elementwise", "idle", "norm", "attention"]
     assert rows["kind"].tolist() == ["total", "faster", "faster", "faster", "faster", "slower", "slower"]
     assert rows.iloc[0].delta_ms == pytest.approx(rows["delta_ms"][1:].sum())  # the step's change is the sum
@@ -111,7 +117,7 @@ def test_a_category_change_inside_the_run_to_run_spread_is_noise_as_a_kernels_wo
     """The bars take the verdict the kernel table takes: with the workload's run-to-run spread
     known, a change smaller than 3.5 x sqrt 2 of it is within noise even when the two runs'
     steps alone would call it a change (the gemm bar was solid while its kernels read noise)."""
-    alone = charts.change_rows(frames["diff"]).set_index("part")
+    alone = charts.change_rows(frames["diff"], 1e-9).set_index("part")  # a negligible spread: the steps alone
     spread = 0.028  # the samples' measured spread (db.views.get_run_spread: 2.8 %)
     wide = charts.change_rows(frames["diff"], spread).set_index("part")
     bound = math.expm1(3.5 * math.sqrt(2) * spread)  # 14.7 %
