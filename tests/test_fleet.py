@@ -45,8 +45,17 @@ def eight_commits(tmp_path_factory) -> Path:
     return repo
 
 
+def _config(db: Path, **repos: Path) -> Path:
+    """The config beside `db` naming the repositories a test measures (code runs only from repositories
+    a config names: tests/test_hardening_doors.py); the worker reads the same file."""
+    config = db.parent / "fleet.toml"
+    config.write_text("".join(f'[repos.{name}]\npath = "{path}"\n' for name, path in repos.items()))
+    return config
+
+
 def _worker(db: Path, *more: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ingest", "worker", "--db", str(db), *RAY_LOCAL, *more],
+    return subprocess.Popen([sys.executable, "-m", "ingest", "worker", "--db", str(db), *RAY_LOCAL,
+                             "--config", str(db.parent / "fleet.toml"), *more],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -57,7 +66,9 @@ def _job(db: Path, job_id: int) -> dict:
 
 def _queue_a_long_run(db: Path) -> int:
     """One job of this checkout's HEAD, 400 profiled steps of the tiny preset (over a minute on CPU)."""
-    queued = run_cli("ingest", "backfill", "--repo", str(ROOT), "--range", "HEAD~1..HEAD", "--engine", "reference",
+    config = _config(db, here=ROOT)
+    queued = run_cli("ingest", "backfill", "--repo", "here", "--config", str(config), "--range", "HEAD~1..HEAD",
+                     "--engine", "reference",
                      "--preset", "tiny", "--device", "cpu", "--profile-steps", "400", "--kv", "fused", "--db", str(db))
     assert queued.returncode == 0, queued.stderr
     return int(queued.stdout.split()[0])
@@ -84,7 +95,8 @@ def test_a_backfill_of_8_commits_x_2_variants_runs_in_parallel_tasks_and_each_ru
         tmp_path, eight_commits):
     db = tmp_path / "f.duckdb"
     for kv in ("fused", "full-pool-cast"):
-        queued = run_cli("ingest", "backfill", "--repo", str(eight_commits), "--range", "main~8..main", *TINY,
+        queued = run_cli("ingest", "backfill", "--repo", "eight", "--config", str(_config(db, eight=eight_commits)),
+                         "--range", "main~8..main", *TINY,
                          "--kv", kv, "--db", str(db))
         assert queued.returncode == 0, queued.stderr
         assert "queued 8 jobs (8 commits x 1 variants)" in queued.stderr
