@@ -3,8 +3,9 @@
 What runs is SGLang's code from its wheel (each variant in its own process) with flashinfer 0.7.2's MLA
 kernel JIT-compiled on the machine: kernels.studies.sglang_mla --quick (four points: decode at 131K and
 1M-token pools, 16 and 128 heads, eager and under a captured CUDA graph with tables rewritten between
-replays; one paged extend). Not SGLang's: `sgl_kernel`, replaced by a stub of the 18 names its import
-chain binds (each raises if called; none is), because sglang-kernel cannot be installed there.
+replays; one paged extend). Not SGLang's: `sgl_kernel`, replaced by a stub of every name the wheel
+imports from it unguarded at module level (each raises if called; none is), because sglang-kernel cannot
+be installed there.
 
 Needs the pack that `python -m kernels.studies.sglang_mla pack DIR` lays out (wheels; it is not in the
 repository), named by $STEPWATCH_SGLANG_PACK; skipped without CUDA or without the pack.
@@ -84,3 +85,14 @@ def test_patched_is_faster_where_the_pool_dwarfs_the_batch(study):
     # 64K live rows of a 1M-row pool: the whole-pool cast moves 16x the bytes
     assert big["patched"]["graph_us"] * 3 < big["unpatched"]["graph_us"]
     assert big["patched"]["eager_peak_extra_bytes"] * 3 < big["unpatched"]["eager_peak_extra_bytes"]
+
+
+def test_graph_capture_peak_is_the_live_rows_not_the_pool(study):
+    """The peak while capturing (what the graph's private pool must hold): the whole-pool BF16 copy
+    unpatched (1M rows x 576 x 2 B = 1.1 GiB), the live rows' scratch patched (here the kit's runner sizes
+    the id buffer bs x context; a real server sizes it to the pool, see kernels/BENCHMARKS.md section 7)."""
+    _, points = study
+    big = next(p for p in points if p["name"] == "decode-h16-pool1024K-bs8-ctx8K")
+    unpatched, patched = (big[v]["graph_capture_peak_extra_bytes"] for v in ("unpatched", "patched"))
+    assert unpatched >= 1048576 * 576 * 2
+    assert 0 <= patched * 3 < unpatched
