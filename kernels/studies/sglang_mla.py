@@ -21,7 +21,8 @@ backend on Hopper) cannot run: its kernel ships only in sgl-kernel.
 
 Figures per point: the layer's attention (cast + flashinfer kernel) in microseconds, eager (CUDA events
 around each call, median) and under the graph (replay time of LAYERS_PER_GRAPH calls / LAYERS_PER_GRAPH);
-peak memory above the steady state for one eager call and the memory a captured graph holds; outputs
+peak memory above the steady state for one eager call, the peak while capturing a graph (what its
+private pool must hold) and the memory a captured graph keeps; outputs
 compared bit for bit between the two variants (the same BF16 values reach the same kernel in the same
 order, so they must be equal), between each graph replay and the eager call on the same batch, and,
 for the small points, against a float32 torch reference.
@@ -428,6 +429,30 @@ def reference(sg_backend: Backend, q, rows, seq, point: Point):
     return torch.stack(outs).view(token, -1)
 
 
+PROFILE_CALLS = 5
+
+
+def profile_kernels(call) -> list[dict]:
+    """torch.profiler over PROFILE_CALLS calls: each GPU kernel's calls and time per call (us), the
+    longest first (the top 12), and the host time of one call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILE_CALLS):
+            call()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dev_us = getattr(ev, "self_device_time_total", None)
+        if dev_us is None:
+            dev_us = getattr(ev, "self_cuda_time_total", 0)
+        if dev_us > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append({"kernel": ev.key[:120], "calls_per_call": ev.count / PROFILE_CALLS,
+                         "us_per_call": dev_us / PROFILE_CALLS})
+    return sorted(rows, key=lambda r: -r["us_per_call"])[:12]
+
+
 def measure_point(sg, point: Point, out_dir: Path, log) -> dict:
     import torch
     result = {"point": asdict(point), "name": point.name}
@@ -460,6 +485,8 @@ def measure_point(sg, point: Point, out_dir: Path, log) -> dict:
             end.synchronize()
             times.append(start.elapsed_time(end) * 1000)
         result["eager_us"] = sorted(times)[len(times) // 2]
+        if os.environ.get("STEPWATCH_SGLANG_PROFILE"):  # `run --profile`: where an eager call's GPU time goes
+            result["profile_kernels"] = profile_kernels(lambda: be.call(q, batch))
     del be, out
     torch.cuda.empty_cache()
     if point.mode != "decode":
@@ -627,14 +654,16 @@ def main_run(args) -> int:
         log_file.write(line + "\n")
         log_file.flush()
     prepare(Path(args.pack), work, log)
-    points = json.dumps([asdict(p) for p in list_points(args.quick)])
+    points = json.dumps([asdict(p) for p in list_points(args.quick) if not args.only or any(
+        name in p.name for name in args.only.split(","))])
     for variant in VARIANTS:
         target = work / f"out-{variant}"
         shutil.rmtree(target, ignore_errors=True)
         log(f"{variant}: {len(json.loads(points))} points")
         try:
+            env = {**variant_env(work, variant), **({"STEPWATCH_SGLANG_PROFILE": "1"} if args.profile else {})}
             proc = subprocess.run([sys.executable, "-m", "kernels.studies.sglang_mla", "worker", "--variant",
-                                   variant, "--out", str(target), "--points", points], env=variant_env(work, variant),
+                                   variant, "--out", str(target), "--points", points], env=env,
                                   cwd=REPO, capture_output=True, text=True, timeout=args.timeout_s)
             code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:  # the points done so far are in rows.jsonl
@@ -661,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--work", default="/tmp/stepwatch-sglang-mla")
     r.add_argument("--quick", action="store_true")
     r.add_argument("--timeout-s", type=int, default=540)
+    r.add_argument("--only", help="the points whose names contain one of these comma-separated parts")
+    r.add_argument("--profile", action="store_true", help="also profile each point's eager call (its kernels)")
     w = sub.add_parser("worker", help="one variant's points, in the process whose PYTHONPATH holds its tree")
     w.add_argument("--variant", choices=VARIANTS, required=True)
     w.add_argument("--out", required=True)
