@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ LABEL_RULE = "use letters, digits and ._+/@=:- (not starting with '-')"
 MAX_LAYERS = 100_000
 MAX_STEPS = 10_000_000
 MAX_BATCH = 10_000_000
+# A manifest is a few KB (the largest in tests/data, a wild bundle's, 34 KB); 30x that is not a manifest
+MANIFEST_MAX_BYTES = 1 << 20
 
 
 def is_label(value) -> bool:
@@ -100,7 +103,40 @@ def write_bundle(directory: str | os.PathLike, manifest: Manifest) -> Path:
 
 
 def is_bundle(path: str | os.PathLike) -> bool:
-    return Path(path, MANIFEST_NAME).is_file()
+    """A directory with a manifest.json entry, whatever the entry is: read_bundle then refuses one that is
+    not a regular file (a FIFO, a device, a directory, a dangling link) instead of the directory being
+    read as a plain trace directory."""
+    return os.path.lexists(Path(path, MANIFEST_NAME))
+
+
+def _read_manifest_bytes(where: Path) -> bytes:
+    """The manifest's bytes: a regular file (links followed) of at most MANIFEST_MAX_BYTES, checked before
+    it is opened (a FIFO would block, /dev/zero never ends) and again while reading (it may grow)."""
+    try:
+        info = os.stat(where)
+    except OSError as e:
+        raise BundleError(f"{where}: cannot read ({e.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise BundleError(f"{where}: is {_kind_of(info.st_mode)}, not a regular file")
+    if info.st_size > MANIFEST_MAX_BYTES:
+        raise BundleError(f"{where}: {info.st_size:,} bytes, more than a manifest's limit "
+                          f"(MANIFEST_MAX_BYTES, {MANIFEST_MAX_BYTES:,})")
+    try:
+        with open(where, "rb") as f:
+            body = f.read(MANIFEST_MAX_BYTES + 1)
+    except OSError as e:
+        raise BundleError(f"{where}: cannot read ({e.strerror})") from None
+    if len(body) > MANIFEST_MAX_BYTES:
+        raise BundleError(f"{where}: more than a manifest's limit (MANIFEST_MAX_BYTES, {MANIFEST_MAX_BYTES:,})")
+    return body
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _require(body: dict, key: str, kind: type | tuple, where: Path) -> Any:
@@ -145,10 +181,9 @@ def _read_timing(timing, where: Path) -> Timing:
 def read_bundle(directory: str | os.PathLike) -> Manifest:
     """Read and validate a bundle's manifest; raise BundleError naming the file and field."""
     where = Path(directory) / MANIFEST_NAME
+    raw = _read_manifest_bytes(where)
     try:
-        body = json.loads(where.read_bytes(), parse_constant=_refuse_constant)
-    except OSError as e:
-        raise BundleError(f"{where}: cannot read ({e.strerror})") from None
+        body = json.loads(raw, parse_constant=_refuse_constant)
     except RecursionError:
         raise BundleError(f"{where}: nested deeper than the JSON decoder's limit") from None
     except ValueError as e:

@@ -424,6 +424,32 @@ def test_a_path_that_is_a_device_or_a_fifo_is_refused_in_one_line(tmp_path, make
     assert _runs(db) == 0
 
 
+BUNDLE = DATA / "bundles" / "tiny-fused-eager-nostack"
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("fifo", ["manifest.json: is a FIFO, not a regular file"]),
+    ("device", ["manifest.json: is a device, not a regular file"]),
+    ("huge", ["manifest.json: 2,000,000 bytes, more than a manifest's limit (MANIFEST_MAX_BYTES"]),
+])
+def test_a_bundle_whose_manifest_is_not_a_small_regular_file_is_refused_in_one_line(tmp_path, kind, words):
+    """On 92529cb a manifest.json that is a FIFO or a link to /dev/zero made the directory a plain
+    trace directory (imported, its manifest ignored, exit 0), and a huge one was read whole."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, bundle)
+    manifest = bundle / "manifest.json"
+    manifest.unlink()
+    if kind == "fifo":
+        os.mkfifo(manifest)
+    elif kind == "device":
+        manifest.symlink_to("/dev/zero")
+    else:
+        manifest.write_bytes(b" " * 2_000_000)
+    db = tmp_path / "x.duckdb"
+    _one_line_refusal(_import(bundle, db), *words)
+    assert _runs(db) == 0
+
+
 def test_gzip_magic_then_an_invalid_deflate_block_is_refused_in_one_line(tmp_path):
     """`gzip_magic_garbage` (a valid gzip header, then garbage): isal's IsalError was a traceback."""
     good = gzip.compress(_raw())
