@@ -79,6 +79,11 @@ def ask_sglang(config: Config) -> FormInput:
 
 def ask_import(config: Config) -> FormInput:
     common = _common(config)
+    roots = ", ".join(config.import_roots)
+    where = config.source or "no config file ($STEPWATCH_CONFIG)"
+    st.caption(f"The import engine reads only under these directories ([imports] roots in {where}): {roots}"
+               if roots else f"No [imports] roots are set in {where}: the import engine reads nothing "
+               "until the config names the directories it may read.")
     path = st.text_input("Trace, directory of per-rank traces, or bundle", placeholder="/path/to/trace.json.gz",
                          key="path")
     left, right = st.columns(2)

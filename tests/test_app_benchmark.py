@@ -241,3 +241,21 @@ def test_a_cuda_run_on_a_host_without_cuda_fails_with_the_reason(writable_db, op
     assert at.error[0].value == _failed(5, "bad-spec", "device cuda: host local has no CUDA device "
                                         "(torch.cuda.is_available() is False there): use device cpu, or a host with "
                                         "a GPU")
+
+
+def test_the_import_engine_says_which_directories_it_may_read(writable_db, open_page, tmp_path, monkeypatch):
+    """The form's import engine names the config's [imports] roots (or that none is set): a path outside
+    them is refused when queued (tests/test_hardening_doors.py), and the form says so before."""
+    at = open_page(writable_db, "run_benchmark")
+    at.radio(key="engine").set_value("import").run()
+    assert any("No [imports] roots are set in no config file" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
+    root = tmp_path / "traces"
+    root.mkdir()
+    config = tmp_path / "stepwatch.toml"
+    config.write_text(f'[imports]\nroots = ["{root}"]\n')
+    monkeypatch.setenv("STEPWATCH_CONFIG", str(config))
+    at = open_page(writable_db, "run_benchmark")
+    at.radio(key="engine").set_value("import").run()
+    assert any(f"reads only under these directories ([imports] roots in {config}): {root}" in c.value
+               for c in at.caption), [c.value for c in at.caption]
