@@ -319,8 +319,10 @@ def run_import(args) -> int:
             from .runs.track import follow_runs
 
             follow_runs(args.db, [run_id], db_thread)  # its own short connections: the detection runs with none open
-    print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} steps "
-          f"({record.step_method}), {len(record.kernel_stats)} kernel rows", file=sys.stderr)
+    kernel_rows = len(record.kernel_stats)
+    print(f"{'imported' if created else 'already imported as'} run {run_id}: {record.steps} "
+          f"step{'' if record.steps == 1 else 's'} ({record.step_method}), {kernel_rows} kernel "
+          f"row{'' if kernel_rows == 1 else 's'}", file=sys.stderr)
     print(run_id)
     return 0
 

@@ -184,3 +184,13 @@ def test_the_bar_text_and_its_redraw():
     bar.close()
     assert term.text == ("\rimport [####................] a longer text than the next"
                          "\rimport [####################] short" + " " * 22 + "\n")
+
+
+@pytest.mark.slow
+def test_one_step_is_said_in_the_singular(tmp_path):
+    """#34 item 7: 'imported run 28: 1 steps'. kineto's 2020 resnet50 trace has one profiled step."""
+    trace = DATA / "wild" / "kineto__2020__resnet50_num_workers_0__worker0.pt.trace.json.gz"
+    result = subprocess.run([sys.executable, "-m", "ingest", "import", str(trace), "--db", str(tmp_path / "t.duckdb")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"imported run 1: 1 step \([a-z-]+\), \d+ kernel rows\n", result.stderr), result.stderr
