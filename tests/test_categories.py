@@ -42,6 +42,11 @@ PUBLIC = [
     # SemiAnalysisAI/InferenceX issue #1005 (DeepSeek-R1 on MI355X, SGLang)
     ("cross_device_reduce_2stage<bf16, 4>", "", "kernel", False, "communication"),
     ("ck::moe_mxgemm", "", "kernel", False, "moe"),
+    # deepseek-ai/profile-data (train.json, prefill.json): DeepEP's internode all-to-all as DeepSeek builds it
+    ("void dpsk::ep::internode::dispatch<false, 8, true, 8>(...)", "", "kernel", False, "communication"),
+    ("void dpsk::ep::internode::combine<...>", "", "kernel", False, "communication"),
+    ("void dpsk::ep::internode::notify_dispatch<false, 4>(int const*, long*, int, int const*, int*, int const*, int*, "
+     "int, bool const*, int, int, int, int, int, int, int, ...)", "", "kernel", False, "communication"),
     # vllm-project/vllm PR #6317 (nsys kernel summary)
     ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIterator…", "", "kernel",
      False, "memcpy"),
