@@ -84,6 +84,9 @@ class Kernels:
     unrun_launches: int = 0  # kernel launches in the trace with no GPU activity of theirs in it
     captures: int = 0  # stream captures into a graph begun in the trace (cudaStreamBeginCapture, ...)
     link_note: str | None = None  # the correlation ids were damaged: how the kernels were linked instead
+    # bool: linked to a launch that no recorded CPU op encloses (not a graph replay): its launcher is the
+    # runtime call's own name (cudaLaunchKernel, cuLaunchKernelEx), not an op's
+    bare_launch: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -340,6 +343,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
     from_graph = linked & _names_matching(trace, _GRAPH_LAUNCH)[launch_name_id]
     launcher = np.where(op_event >= 0, names[trace.name_id[np.maximum(op_event, 0)]], launch_name)
     launcher = np.where(from_graph, launch_name, launcher)
+    bare_launch = linked & ~from_graph & (op_event < 0)
     op_event = np.where(from_graph, -1, op_event)
 
     # (dtypes are the op's inputs', true of every kernel it launched, such as a GEMM's split-K reduction)
@@ -355,7 +359,7 @@ def link_kernels(trace: RawTrace) -> Kernels:
     return Kernels(gpu, trace.ts_us[gpu], trace.dur_us[gpu], query, launcher.astype(object), source,
                    nbytes, mixed, False, set_aside, dtypes, np.where(linked, lthread, trace.thread_id[gpu]),
                    op_event=op_event, from_graph=from_graph, outside_window=outside, unrun_launches=unrun,
-                   captures=captures, link_note=link_note)
+                   captures=captures, link_note=link_note, bare_launch=bare_launch)
 
 
 # A correlation id links a launch to the kernel it ran. In every real trace of tests/data (64
@@ -365,6 +369,8 @@ def link_kernels(trace: RawTrace) -> Kernels:
 # (step ms 2.110 / 2.055 against 2.001) with no word. Past this share of impossible links (and
 # MIN_IMPOSSIBLE_LINKS of them), the ids are not used: kernels are linked by External id instead.
 MAX_IMPOSSIBLE_LINK_SHARE = 0.01
+# A run's notes say so when at least this share of kernel time was launched outside every recorded CPU op
+BARE_LAUNCH_NOTE_SHARE = 0.10
 MIN_IMPOSSIBLE_LINKS = 3
 _LAUNCH_LIKE = re.compile(r"\w*(LaunchKernel|LaunchCooperativeKernel|GraphLaunch|Memcpy|Memset)")
 
@@ -937,6 +943,14 @@ def aggregate(trace: RawTrace, kernels: Kernels, steps: Steps, rules: list[Rule]
                      "--enable-profile-cuda-graph)")
     if kernels.link_note:
         notes.append(kernels.link_note)
+    bare = kernels.bare_launch if kernels.bare_launch is not None else np.zeros(len(dur), bool)
+    if total_us > 0 and float(dur[bare].sum()) >= BARE_LAUNCH_NOTE_SHARE * total_us:
+        calls = dict(zip(*np.unique(kernels.launcher[bare].astype(str), return_counts=True)))
+        named = ", ".join(f"{name} ({count:,})" for name, count in sorted(calls.items(), key=lambda kv: -kv[1])[:3])
+        notes.append(f"{100 * float(dur[bare].sum()) / total_us:.1f} % of kernel time ({int(bare.sum()):,} kernels) was "
+                     f"launched with no recorded CPU op around the launch: their launcher is the runtime call "
+                     f"({named}), not an op (kernels called directly, e.g. Triton's, or ops not recorded); "
+                     "their bytes are unknown")
     if not kernels.from_cpu_ops and len(kernels.event) and not (kernels.launcher != "").any():
         notes.append("no kernel could be linked to its launch (the trace has no correlation ids or no launch "
                      "events, e.g. profiled with activities=[CUDA] only): launcher and Python source are unknown, "

@@ -201,11 +201,17 @@ class _Columns:
         numpy: the distinct pairs of a piece are a handful, found by np.unique, and only they
         meet the table, in the order they first occur; text ids take the tuple path."""
         n = len(kept)
+        pids, tids = list(map(_PID, kept)), list(map(_TID, kept))
+        # numpy would parse a text id such as "1890023232" as a number, so that one thread written
+        # as text (torch 1.8's tids) would get two codes, one per piece, as pieces took one path or
+        # the other: only JSON integers take the numeric path (the types are found in C)
+        if not set(map(type, pids)) | set(map(type, tids)) <= {int}:
+            return self._encode(list(zip(pids, tids)), self.threads)[0]
         try:
-            pid = np.fromiter(map(_PID, kept), np.int64, n)
-            tid = np.fromiter(map(_TID, kept), np.int64, n)
-        except (TypeError, ValueError, OverflowError):
-            return self._encode(list(zip(map(_PID, kept), map(_TID, kept))), self.threads)[0]
+            pid = np.fromiter(pids, np.int64, n)
+            tid = np.fromiter(tids, np.int64, n)
+        except OverflowError:
+            return self._encode(list(zip(pids, tids)), self.threads)[0]
         pids, pid_code = np.unique(pid, return_inverse=True)
         tids, tid_code = np.unique(tid, return_inverse=True)
         pairs, first, code = np.unique(pid_code.astype(np.int64) * len(tids) + tid_code.ravel(),
