@@ -275,3 +275,54 @@ def test_kernels_launched_outside_every_op_are_said_in_a_note():
     assert BARE_LAUNCH_NOTE_SHARE == 0.10
     covered = analyse_trace(read_trace(str(WILD / TEXT_TID_TRACES[0])), rules)
     assert not [n for n in covered.notes if "no recorded CPU op" in n], covered.notes
+
+
+def _as_layouts(source: Path, tmp: Path, with_kernels: bool) -> tuple[Path, Path]:
+    """The ops (and kernels) of a real trace written twice: as torch <= 1.7's autograd profiler wrote a
+    trace (`export_chrome_trace` in torch/autograd/profiler.py, v1.7.0: a bare array, no `cat`, ops under
+    pid "CPU functions", kernels under pid "CUDA functions" with the device as tid, flow arrows "s"/"f"
+    between them), and as Kineto writes the same events (cat cpu_op / kernel). Generated here: no
+    torch <= 1.7 installs on Python 3.11, and no such trace is in the corpus; the events are real."""
+    events = load_trace(source)["traceEvents"]
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "Operator"
+           and not e["name"].startswith("ProfilerStep")]  # torch.profiler's step marker came with 1.8
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "Kernel"] if with_kernels else []
+    legacy, modern = [], []
+    for flow, e in enumerate(ops):
+        legacy.append({"name": e["name"], "ph": "X", "ts": e["ts"], "dur": e["dur"], "tid": int(e["tid"]),
+                       "pid": "CPU functions", "args": {}})
+        modern.append({"cat": "cpu_op", "name": e["name"], "ph": "X", "ts": e["ts"], "dur": e["dur"],
+                       "tid": int(e["tid"]), "pid": 1, "args": {}})
+    for flow, k in enumerate(kernels):
+        legacy += [{"name": k["name"], "ph": "s", "ts": k["ts"], "tid": 0, "pid": "CPU functions", "id": flow,
+                    "cat": "cpu_to_cuda", "args": {}},
+                   {"name": k["name"], "ph": "f", "ts": k["ts"], "tid": 0, "pid": "CUDA functions", "id": flow,
+                    "cat": "cpu_to_cuda", "args": {}},
+                   {"name": k["name"], "ph": "X", "ts": k["ts"], "dur": k["dur"], "tid": 0, "pid": "CUDA functions",
+                    "args": {}}]
+        modern.append({"cat": "kernel", "name": k["name"], "ph": "X", "ts": k["ts"], "dur": k["dur"], "tid": 7,
+                       "pid": 0, "args": {}})
+    paths = tmp / "legacy.json", tmp / "modern.json"
+    paths[0].write_text(json.dumps(legacy))
+    paths[1].write_text(json.dumps({"traceEvents": modern}))
+    return paths
+
+
+@pytest.mark.parametrize("with_kernels", [False, True], ids=["cpu-only", "use_cuda"])
+def test_a_torch_1_7_autograd_profiler_export_reads_as_its_events_do_in_kinetos_layout(tmp_path, with_kernels):
+    """#34 item 8: such a trace (a bare array, no `cat` on any event) was refused as having 'no GPU kernels
+    and no CPU ops to measure'. Now its ops (and kernels) read by pid, with the same figures as the
+    same events in Kineto's layout: the kernel table, the steps, the kernel time."""
+    from ingest.traces.analyse import analyse_trace
+    from ingest.traces.categories import load_rule_chain
+    from ingest.traces.trace_read import read_trace
+
+    rules = load_rule_chain()
+    legacy, modern = (analyse_trace(read_trace(str(p)), rules)
+                      for p in _as_layouts(WILD / TEXT_TID_TRACES[0], tmp_path, with_kernels))
+    assert legacy.kernels_from_cpu_ops is modern.kernels_from_cpu_ops is (not with_kernels)
+    assert (legacy.steps, legacy.step_method) == (modern.steps, modern.step_method) == (1, "whole-trace")
+    assert legacy.kernel_us_total == pytest.approx(modern.kernel_us_total, rel=1e-12)
+    want = sorted(zip(modern.kernel_stats["name"], modern.kernel_stats["calls"], modern.kernel_stats["total_us"]))
+    got = sorted(zip(legacy.kernel_stats["name"], legacy.kernel_stats["calls"], legacy.kernel_stats["total_us"]))
+    assert got == want and len(got) > 20

@@ -119,6 +119,13 @@ _CAT_KIND = {
     "python_function": "python_function",
 }
 _KIND_CODE = {cat: KINDS.index(kind) for cat, kind in _CAT_KIND.items()}
+# torch <= 1.7's autograd profiler (`export_chrome_trace`, torch/autograd/profiler.py of v1.7.0) wrote a
+# bare array of events with no `cat`: ops under pid "CPU functions", the kernels it timed with
+# use_cuda=True under pid "CUDA functions" (tid = the device), joined only by flow arrows ("s"/"f",
+# cat cpu_to_cuda, which are dropped). Its C++ twin (RecordProfile) capitalised "Functions". Read
+# by pid, only in a piece with no event of a known `cat` (no Kineto trace has such pids).
+_LEGACY_PID_CAT = {"CPU functions": "Operator", "CPU Functions": "Operator",
+                   "CUDA functions": "Kernel", "CUDA Functions": "Kernel"}
 _CAT, _NAME, _TS, _DUR = attrgetter("cat"), attrgetter("name"), attrgetter("ts"), attrgetter("dur")
 _PID, _TID, _ARGS = attrgetter("pid"), attrgetter("tid"), attrgetter("args")
 _CORR, _EXT = attrgetter("correlation"), attrgetter("external_id")
@@ -232,10 +239,15 @@ class _Columns:
                                         "raise it with --max-events)")
         code = _KIND_CODE
         kept = [e for e in events if e.cat in code and e.ph == "X"]
+        cats = map(_CAT, kept)
+        if not kept:  # a torch <= 1.7 autograd-profiler export?
+            legacy = _LEGACY_PID_CAT
+            kept = [e for e in events if not e.cat and e.ph == "X" and isinstance(e.pid, str) and e.pid in legacy]
+            cats = (legacy[e.pid] for e in kept)
         n = len(kept)
         if not n:
             return
-        kind = np.fromiter(map(code.__getitem__, map(_CAT, kept)), np.int8, n)
+        kind = np.fromiter(map(code.__getitem__, cats), np.int8, n)
         names = list(map(_NAME, kept))
         name_id, new = self._encode(names, self.names)
         longest = max(new, key=len, default="")
