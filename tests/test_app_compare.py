@@ -125,7 +125,7 @@ def test_a_patched_pair_at_one_commit_is_diagnosed_as_a_patch(dashboard_db, open
     assert lines[0] == ("- At commit 3bee539 the patch (fused against full-pool-cast) takes a step from 74.1 ms to "
                         "7.72 ms (13.5 -> 130 tok/s): 9.60x as fast, so it still helps (at least 3 % needed).")
     assert lines[1] == ("- It removes the cast kernel `unrolled_elementwise_kernel<direct_copy_kernel_cuda>`: 78 calls "
-                        "and 67.5 ms per step, from `kernels/workload.py(238): run_step`.")
+                        "and 67.5 ms per step, replayed from a CUDA graph.")  # (every replayed kernel has the replay's line)
     assert any(c.value.startswith("B is A patched") for c in at.caption)
 
 

@@ -76,8 +76,8 @@ def test_the_whole_pool_cast_under_a_cuda_graph_fires_cast_per_layer(tmp_path):
     assert finding["ms_per_step"] == finding["numbers"]["ms_per_step"] == pytest.approx(ms_per_step, rel=1e-6)
     assert finding["text"].startswith(
         f"The cast kernel `unrolled_elementwise_kernel<direct_copy_kernel_cuda>` runs 78 times per step, once per "
-        f"layer (78 layers), and takes {100 * share:.1f} % of all kernel time ({ms_per_step:.1f} ms per step), from "
-        "`kernels/workload.py(241): run_step`: the signature of a whole buffer")
+        f"layer (78 layers), and takes {100 * share:.1f} % of all kernel time ({ms_per_step:.1f} ms per step), "
+        "replayed from a CUDA graph: the signature of a whole buffer")  # (not the replay's line: #34 item 4)
     text = _report(db)
     assert f"   {ms_per_step:.3f}  cast-per-layer: The cast kernel" in text
     assert text.index("patterns (ms per step at stake)") > text.index("category")

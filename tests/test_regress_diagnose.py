@@ -16,6 +16,7 @@ from helpers import DATA, ROOT
 
 from ingest.regress import RegressError
 from ingest.regress.diagnose import (
+    MAX_SHORT_NAME_CHARS,
     RunFacts,
     diagnose_change,
     diagnose_kernel,
@@ -356,3 +357,39 @@ def test_findings_are_plain_values_that_serialise(full_eager, fused_eager):
     for f in findings:
         assert all(type(v) in (int, float, str, bool) for v in f.numbers.values()), f
         json.loads(json.dumps(dataclasses.asdict(f)))
+
+
+# -- #34 item 4: what the run's diagnosis says about traces from elsewhere ---------------------------
+
+def _wild_findings(name: str):
+    from ingest.traces.categories import load_rule_chain
+    from ingest.traces.importer import ImportOptions, prepare_import
+    from tests.helpers import DATA
+
+    record = prepare_import(str(DATA / "wild" / name), load_rule_chain(), ImportOptions())
+    return diagnose_run(facts_from_record(record))
+
+
+def test_a_step_whose_gpu_is_nearly_idle_is_said_to_wait_on_the_host():
+    """HTA's trace_compare base: 5 kernels of 0.825 ms in a 165 ms step. The headline was 'Memcpy HtoD
+    takes 72.4 % of all kernel time' and '165 ms instead of 165 ms (1.0x)'."""
+    findings = _wild_findings("hta__trace_compare__base.json.gz")
+    assert findings[0].kind == "host_bound"
+    assert findings[0].text.startswith("The GPU is busy at most 0.5 % of each 165 ms profiled step: its 5 kernels a "
+                                       "step take 0.825 ms, so the step waits on the host")
+    (without,) = [f for f in findings if f.kind == "without_kernel"]
+    assert without.text == ("If this kernel went away and nothing else changed, a step would be 0.37 % shorter "
+                            "(165 ms): it does not set the step's pace.")
+
+
+def test_a_busy_gpu_gets_no_host_bound_finding_and_a_graph_replay_no_replay_line():
+    """TraceLens' SGLang Qwen3-8B decode on an MI300X (HIP graphs): kernels fill 93.5 % of the step. Every
+    replayed kernel's source is the replay's own line (cuda_graph_runner.py(1333): replay), which said
+    nothing of the kernel; and the Tensile GEMM's 600-character name was printed whole."""
+    findings = _wild_findings("tracelens__sglang_decode__sglang_Qwen3-8B_decode.json.gz")
+    assert "host_bound" not in [f.kind for f in findings]
+    summary = findings[0]
+    assert summary.text.startswith("The gemm kernel `Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x32x64_MI…` "
+                                   "takes 24.7 % of all kernel time")
+    assert summary.text.endswith(", replayed from a CUDA graph.") and "cuda_graph_runner" not in summary.text
+    assert len(shorten_kernel_name(summary.kernel)) == MAX_SHORT_NAME_CHARS < len(summary.kernel) / 5

@@ -36,6 +36,13 @@ WEIGHT_BYTES = 2  # weights are taken as BF16
 KV_BYTES = 1  # the KV pool is taken as FP8
 CAST_BYTES = 2  # and cast to BF16
 _NEEDED = ("name", "category", "launcher", "source", "calls_per_step", "ms_per_step", "bytes_per_call")
+# A step whose kernels add up to less than this share of it waits on the host, not on a kernel: said first
+HOST_BOUND_KERNEL_SHARE = 0.20
+# A kernel name in a sentence is cut past this many characters (a Tensile GEMM's name runs to 600)
+MAX_SHORT_NAME_CHARS = 60
+# Without the kernel a step would be less than this much shorter: it does not set the pace
+NEGLIGIBLE_SPEEDUP = 1.01
+_GRAPH_LAUNCHERS = re.compile(r"(cuda|hip)GraphLaunch")
 _TIMES = {1: "once", 2: "twice"}
 
 
@@ -78,6 +85,7 @@ class RunFacts:
     workload: Mapping[str, Any] | None = None
     commit: str | None = None
     variant: str | None = None
+    kernels_from_cpu_ops: bool = False  # a CPU-only trace: its "kernels" are the host's ops
 
 
 def _is_number(x) -> bool:
@@ -103,6 +111,7 @@ def facts_from_record(record, rank: int | None = None) -> RunFacts:
         layers=getattr(record, "layers", None) or workload.get("layers"),
         device_name=getattr(record, "device_name", None), peak_gbps=getattr(record, "peak_gbps", None),
         workload=workload, commit=getattr(record, "commit", None), variant=getattr(record, "variant", None),
+        kernels_from_cpu_ops=bool(getattr(record, "kernels_from_cpu_ops", False)),
     )
 
 
@@ -158,6 +167,8 @@ def shorten_kernel_name(name: str) -> str:
     scopes = head.split("(")[0].split("::")
     # a kernel named plainly `kernel` keeps its namespace: `gemvx::kernel`
     head = ("::".join(scopes[-2:]) if scopes[-1] == "kernel" and len(scopes) > 1 else scopes[-1]) or text[:60]
+    if len(head) > MAX_SHORT_NAME_CHARS:  # a generated name (Tensile's Cijk_..._WG64_4_1): its start, cut
+        return head[:MAX_SHORT_NAME_CHARS - 1] + "…"
     if not rest:
         return head
     for arg in rest.split(","):
@@ -192,6 +203,9 @@ def _from_source(row: Mapping[str, Any]) -> str:
     if attributed:
         return f", from `{attributed}` (by the mapping trace)"
     source = row.get("source") or ""
+    if source and _GRAPH_LAUNCHERS.fullmatch(str(row.get("launcher") or "")):
+        # every kernel of a replay has the replay's line (cuda_graph_runner.py(1333): replay): say what it is
+        return ", replayed from a CUDA graph"
     return f", from `{source}`" if source else ""
 
 
@@ -412,6 +426,10 @@ def _without_finding(row: Mapping[str, Any], facts: RunFacts) -> Finding:
     remaining = facts.step_ms * (1 - part)
     numbers = {"step_ms": facts.step_ms, "step_ms_without": remaining, "speedup": facts.step_ms / remaining,
                "part_of_profiled_step": part}
+    if facts.step_ms / remaining < NEGLIGIBLE_SPEEDUP:
+        return Finding("without_kernel", f"If this kernel went away and nothing else changed, a step would be "
+                       f"{100 * part:.2g} % shorter ({_fmt_ms(remaining)}): it does not set the step's pace.",
+                       numbers, name)
     text = f"If this kernel went away and nothing else changed, a step would take {_fmt_ms(remaining)} instead of " \
            f"{_fmt_ms(facts.step_ms)}"
     tok_without, tok_now = _tok_per_s_at(facts, remaining), _run_tok_per_s(facts)
@@ -463,6 +481,23 @@ def diagnose_kernel(row: Mapping[str, Any], facts: RunFacts) -> list[Finding]:
     return findings
 
 
+def _host_bound_findings(kernels: list[dict[str, Any]], facts: RunFacts) -> list[Finding]:
+    """The first finding when the kernels add up to under HOST_BOUND_KERNEL_SHARE of the profiled step:
+    the GPU is busy at most that share (their sum, an upper bound where kernels overlap), so no kernel
+    sets the step's pace. Not for a CPU-only trace's ops, which are the host's own work."""
+    profiled = _profiled_step_ms(facts)
+    kernel_ms = column_sum(kernels, "ms_per_step")
+    if facts.kernels_from_cpu_ops or not profiled > 0 or not kernel_ms < HOST_BOUND_KERNEL_SHARE * profiled:
+        return []
+    launches = column_sum(kernels, "calls_per_step")
+    return [Finding("host_bound", f"The GPU is busy at most {_fmt_pct(kernel_ms / profiled)} of each "
+                    f"{_fmt_ms(profiled)} profiled step: its {_fmt_count(launches)} kernels a step take "
+                    f"{_fmt_ms(kernel_ms)}, so the step waits on the host (Python, data loading, launches, "
+                    "synchronisation), not on a kernel; the kernels below do not set its pace.",
+                    {"kernel_ms_per_step": kernel_ms, "profiled_step_ms": profiled, "busy_share_at_most":
+                     kernel_ms / profiled, "kernels_per_step": launches})]
+
+
 def diagnose_run(facts: RunFacts, min_share: float = 0.10, max_kernels: int = 3) -> list[Finding]:
     """Findings about the kernels that take at least `min_share` of the step (at most
     `max_kernels` of them, largest first; the largest one whatever its share)."""
@@ -472,7 +507,7 @@ def diagnose_run(facts: RunFacts, min_share: float = 0.10, max_kernels: int = 3)
         return []
     least = min_share * _profiled_step_ms(facts)
     top = [row for row in kernels if row["ms_per_step"] >= least][:max_kernels] or kernels[:1]
-    findings = []
+    findings = _host_bound_findings(kernels, facts)
     for row in top:
         findings += diagnose_kernel(row, facts)
     return findings
