@@ -17,7 +17,8 @@ r = 3 takes 3 + 2 (9 base and 6 changed runs: the bank has 14 base runs and 6 to
 
 collect (end to end, real processes): for each (change, r) one git repository (this checkout's
 kernels/ and a file CHANGE.txt; the first changed commit edits CHANGE.txt to say what changed);
-each bundle imported as its commit's run with `python -m ingest import` (a process each); then
+each bundle imported as its commit's run with `python -m ingest import` (a process each, into a
+database of the history's own, WORK/db/NAME.duckdb); then
 `ingest check --fail-on-regression` over the history and `ingest compare --json` of the last good
 and first bad commits. The bundles are copied first with the workload's layer count set to 78
 (the manifest's own `layers` and `workload.layers`) and imported with `--variant fused`: a code
@@ -330,7 +331,10 @@ def run_history(work: Path, bank_dir: Path, bank: dict[str, list[BankRun]], chan
     name = f"ab-{change}-r{repeats}"
     repo = work / "repos" / name
     shas = make_repo(repo, change, BEFORE[repeats], AFTER[repeats])
-    db = work / "ab.duckdb"
+    db = work / "db" / f"{name}.duckdb"  # one a history: a history cut short is started again from nothing
+    db.parent.mkdir(parents=True, exist_ok=True)
+    for old in db.parent.glob(f"{name}.duckdb*"):
+        old.unlink()
     t0 = time.monotonic()
     for sha, runs in zip(shas, history):
         for run in runs:
