@@ -360,6 +360,43 @@ def run_history(work: Path, bank_dir: Path, bank: dict[str, list[BankRun]], chan
             "compare_rc": compare.returncode, "compare": comparisons}
 
 
+def read_check_rows(check_md: str) -> list[dict]:
+    """The tok/s and step-time rows of `ingest check`'s Markdown table: metric, change, evidence and
+    the first bad commit's short sha."""
+    rows = []
+    for line in check_md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) >= 7 and cells[1] in ("tok_per_s", "step_ms"):
+            sha = cells[6].split("`")[1] if cells[6].count("`") >= 2 else ""
+            rows.append({"metric": cells[1], "change": cells[4], "evidence": cells[5], "first_bad": sha})
+    return rows
+
+
+def format_e2e(results: Path) -> str:
+    """The end-to-end histories as a Markdown table (one row a history)."""
+    lines = ["| history | commits x runs | imports (s) | check: exit; event confirmed at the right commit; "
+             "confirmed rows elsewhere | check's row (its evidence) | compare last good -> first bad: verdict, change (95 % "
+             "interval), spread (source) |", "| --- | --- | ---: | --- | --- | --- |"]
+    for line in results.read_text().splitlines():
+        h = json.loads(line)
+        rows = read_check_rows(h["check"])
+        right = sum(r["first_bad"] and h["first_bad"].startswith(r["first_bad"]) and "confirmed" in r["evidence"]
+                    and not r["evidence"].startswith("suspected") for r in rows)
+        evidence = "; ".join(sorted({f"{r['metric']} {r['change']}, {r['evidence']}" for r in rows})) or \
+            (h["check"].splitlines()[2] if len(h["check"].splitlines()) > 2 else h["check_err"][-200:])
+        c = h["compare"][0]
+        if "verdict" in c:
+            cmp_ = (f"{c['verdict']}, {100 * c['rel_change']:+.1f} % ({100 * c['ci_low']:+.1f} to "
+                    f"{100 * c['ci_high']:+.1f} %), {100 * c['spread']:.2f} % ({c['spread_source']}, "
+                    f"{c['spread_dof']:g} dof), runs {len(c['runs_a'])} vs {len(c['runs_b'])}")
+        else:
+            cmp_ = f"error: {c.get('error', '')[:120]}"
+        shape = f"{len(h['runs'])} x {len(h['runs'][0])}"
+        lines.append(f"| {h['history']} | {shape} | {h['imports']} ({h['import_s']:.0f}) | exit {h['check_rc']}, "
+                     f"{'yes' if right else 'no'}; {len(rows) - right} | {evidence} | {cmp_} |")
+    return "\n".join(lines) + "\n"
+
+
 def collect(work: Path, changes: tuple[str, ...], repeats: tuple[int, ...], budget_s: float) -> None:
     work.mkdir(parents=True, exist_ok=True)
     bank_dir = unpack_bank(work)
@@ -383,7 +420,7 @@ def collect(work: Path, changes: tuple[str, ...], repeats: tuple[int, ...], budg
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ingest.studies.ab_study")
-    p.add_argument("what", choices=("collect", "analyse"))
+    p.add_argument("what", choices=("collect", "analyse", "e2e"))
     p.add_argument("--work", default="/tmp/ab_study", type=Path)
     p.add_argument("--changes", default=",".join(CHANGES))
     p.add_argument("--repeats", default="1,3")
@@ -395,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "collect":
         collect(args.work, tuple(args.changes.split(",")), tuple(int(r) for r in args.repeats.split(",")),
                 args.budget_s)
+    elif args.what == "e2e":
+        print(format_e2e(args.work / "e2e.jsonl"), end="")
     else:
         bank = load_bank(unpack_bank(args.work))
         control = None
