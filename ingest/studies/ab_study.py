@@ -167,12 +167,14 @@ def judge_stepwatch_floor(history: list[list[BankRun]], first_bad: int, min_rel_
     found = detect_changes(points, higher_is_better=False, min_rel_change=min_rel_change)
     floors = [f for f in (step_floor(p.samples) for p in points) if f is not None]
     spread = estimate_spread(values, [c.first_bad for c in found], float(np.median(floors)) if floors else None)
-    out = {"right": False, "elsewhere": 0}
+    out = {"right": False, "elsewhere": 0, "min_detectable": None}
     for ch in found:
         lo, hi = ch.first_bad - ch.points_before, ch.first_bad + ch.points_after
         before = [v for vals in values[max(lo, 0):ch.last_good + 1] for v in vals]
         after = [v for vals in values[ch.first_bad:hi] for v in vals]
         verdict = judge(before, after, spread, min_rel_change=min_rel_change)
+        if ch.first_bad == first_bad:
+            out["min_detectable"] = verdict.min_detectable
         if ch.first_bad == first_bad and verdict.verdict == "regression":
             out["right"] = True
         elif verdict.changed:
@@ -222,6 +224,7 @@ def resample(bank: dict[str, list[BankRun]], histories: int, seed: int = 30,
             tally = {k: 0 for k in ("sw_right", "sw_floor1_right", "sw_floor1_elsewhere", "sw_elsewhere", "sw_suspected", "asv_right", "asv_elsewhere",
                                     "z_right", "z_elsewhere")}
             sources: dict[str, int] = {}
+            detectable: list[float] = []
             for _ in range(histories):
                 history = draw_history(bank, change, repeats, rng) if change != "none" else \
                     draw_control(control, repeats, rng)
@@ -234,6 +237,8 @@ def resample(bank: dict[str, list[BankRun]], histories: int, seed: int = 30,
                 what_if = judge_stepwatch_floor(history, first_bad, WHAT_IF_FLOOR)
                 tally["sw_floor1_right"] += what_if["right"]
                 tally["sw_floor1_elsewhere"] += what_if["elsewhere"] > 0
+                if what_if["min_detectable"] is not None:
+                    detectable.append(what_if["min_detectable"])
                 tally["sw_elsewhere"] += sw["elsewhere"] > 0
                 tally["sw_suspected"] += sw["suspected"] > 0
                 if sw["right"]:
@@ -242,7 +247,8 @@ def resample(bank: dict[str, list[BankRun]], histories: int, seed: int = 30,
                 tally["asv_elsewhere"] += asv["elsewhere"] > 0
                 tally["z_right"] += z["right"]
                 tally["z_elsewhere"] += z["elsewhere"] > 0
-            rows.append({"change": change, "repeats": repeats, "histories": histories, **tally, "sources": sources})
+            rows.append({"change": change, "repeats": repeats, "histories": histories, **tally, "sources": sources,
+                         "min_detectable": float(np.median(detectable)) if detectable else None})
     return rows
 
 
@@ -258,15 +264,16 @@ def format_resample(bank: dict[str, list[BankRun]], rows: list[dict], control: l
     sizes = measured_changes(bank)
     spread = {c: 100 * float(np.std(np.log([r.value_ms for r in runs]), ddof=1)) for c, runs in bank.items()}
     lines = ["| change (measured) | runs in bank (sd) | r | commits | histories | stepwatch: confirmed at the right "
-             "commit | stepwatch: confirmed elsewhere | stepwatch: suspected | what-if, 1 % floor: right / elsewhere | asv: right | asv: elsewhere | "
+             "commit | stepwatch: confirmed elsewhere | stepwatch: suspected | what-if, 1 % floor: right / elsewhere (smallest change it could call) | asv: right | asv: elsewhere | "
              "lookback z: right | lookback z: elsewhere |", "| --- | ---: |" + " ---: |" * 11]
     for row in rows:
         c, r, n = row["change"], row["repeats"], row["histories"]
         pct = lambda k: f"{100 * row[k] / n:.1f} %"
+        mdc = f"{100 * row['min_detectable']:.1f} %" if row["min_detectable"] is not None else "-"
         label = "none: A/A" if c == "none" else f"{c} ({100 * sizes[c][1]:+.1f} %)"
         lines.append(f"| {label} | {len(bank[c])} ({spread[c]:.2f} %) | {r} | "
                      f"{BEFORE[r]} + {AFTER[r]} | {n} | {pct('sw_right')} | {pct('sw_elsewhere')} | "
-                     f"{pct('sw_suspected')} | {pct('sw_floor1_right')} / {pct('sw_floor1_elsewhere')} | {pct('asv_right')} | {pct('asv_elsewhere')} | {pct('z_right')} | "
+                     f"{pct('sw_suspected')} | {pct('sw_floor1_right')} / {pct('sw_floor1_elsewhere')} ({mdc}) | {pct('asv_right')} | {pct('asv_elsewhere')} | {pct('z_right')} | "
                      f"{pct('z_elsewhere')} |")
     base = bank["base"]
     lines.append(f"\nbase: {len(base)} runs, median {sizes['base'][0]:.3f} ms, sd {spread['base']:.2f} % "
