@@ -368,12 +368,12 @@ def run_history(work: Path, bank_dir: Path, bank: dict[str, list[BankRun]], chan
 
 
 def read_check_rows(check_md: str) -> list[dict]:
-    """The tok/s and step-time rows of `ingest check`'s Markdown table: metric, change, evidence and
-    the first bad commit's short sha."""
+    """The rows of `ingest check`'s Markdown table (one a change card's lead metric): metric, change,
+    evidence and the first bad commit's short sha."""
     rows = []
     for line in check_md.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) >= 7 and cells[1] in ("tok_per_s", "step_ms"):
+        if line.startswith("| ") and len(cells) >= 7 and cells[1] not in ("metric", "---"):
             sha = cells[6].split("`")[1] if cells[6].count("`") >= 2 else ""
             rows.append({"metric": cells[1], "change": cells[4], "evidence": cells[5], "first_bad": sha})
     return rows
@@ -381,15 +381,19 @@ def read_check_rows(check_md: str) -> list[dict]:
 
 def format_e2e(results: Path) -> str:
     """The end-to-end histories as a Markdown table (one row a history)."""
-    lines = ["| history | commits x runs | imports (s) | check: exit; event confirmed at the right commit; "
-             "confirmed rows elsewhere | check's row (its evidence) | compare last good -> first bad: verdict, change (95 % "
+    lines = ["| history | commits x runs | imports (s) | check: exit; tok/s or step time confirmed at the right "
+             "commit; other confirmed rows there; confirmed rows elsewhere | check's rows (evidence) | compare last good -> first bad: verdict, change (95 % "
              "interval), spread (source) |", "| --- | --- | ---: | --- | --- | --- |"]
-    for line in results.read_text().splitlines():
-        h = json.loads(line)
-        rows = read_check_rows(h["check"])
-        right = sum(r["first_bad"] and h["first_bad"].startswith(r["first_bad"]) and "confirmed" in r["evidence"]
-                    and not r["evidence"].startswith("suspected") for r in rows)
-        evidence = "; ".join(sorted({f"{r['metric']} {r['change']}, {r['evidence']}" for r in rows})) or \
+    histories = sorted((json.loads(line) for line in results.read_text().splitlines()),
+                       key=lambda h: (h["repeats"], CHANGES.index(h["change"])))
+    for h in histories:
+        rows = [r for r in read_check_rows(h["check"]) if r["evidence"].startswith(("confirmed", "exact"))]
+        at = [bool(r["first_bad"]) and h["first_bad"].startswith(r["first_bad"]) for r in rows]
+        right = any(a and r["metric"] in ("tok_per_s", "step_ms") for a, r in zip(at, rows))
+        kernels_right = sum(a and r["metric"] not in ("tok_per_s", "step_ms") for a, r in zip(at, rows))
+        evidence = "; ".join(sorted({f"{r['metric'].split(':')[0] if r['metric'].startswith('kernel:') else r['metric']}"
+                                     f"{':' + r['metric'].split(':')[1] if r['metric'].startswith('kernel:') else ''} "
+                                     f"{r['change']}, {r['evidence']}" for r in rows})) or \
             (h["check"].splitlines()[2] if len(h["check"].splitlines()) > 2 else h["check_err"][-200:])
         c = h["compare"][0]
         if "verdict" in c:
@@ -400,7 +404,7 @@ def format_e2e(results: Path) -> str:
             cmp_ = f"error: {c.get('error', '')[:120]}"
         shape = f"{len(h['runs'])} x {len(h['runs'][0])}"
         lines.append(f"| {h['history']} | {shape} | {h['imports']} ({h['import_s']:.0f}) | exit {h['check_rc']}, "
-                     f"{'yes' if right else 'no'}; {len(rows) - right} | {evidence} | {cmp_} |")
+                     f"{'yes' if right else 'no'}; {kernels_right}; {len(rows) - sum(at)} | {evidence} | {cmp_} |")
     return "\n".join(lines) + "\n"
 
 
