@@ -167,14 +167,14 @@ def judge_stepwatch_floor(history: list[list[BankRun]], first_bad: int, min_rel_
     found = detect_changes(points, higher_is_better=False, min_rel_change=min_rel_change)
     floors = [f for f in (step_floor(p.samples) for p in points) if f is not None]
     spread = estimate_spread(values, [c.first_bad for c in found], float(np.median(floors)) if floors else None)
-    out = {"right": False, "elsewhere": 0, "min_detectable": None}
+    out = {"right": False, "elsewhere": 0, "min_detectable": None, "candidate": False}
     for ch in found:
         lo, hi = ch.first_bad - ch.points_before, ch.first_bad + ch.points_after
         before = [v for vals in values[max(lo, 0):ch.last_good + 1] for v in vals]
         after = [v for vals in values[ch.first_bad:hi] for v in vals]
         verdict = judge(before, after, spread, min_rel_change=min_rel_change)
         if ch.first_bad == first_bad:
-            out["min_detectable"] = verdict.min_detectable
+            out.update(min_detectable=verdict.min_detectable, candidate=True)
         if ch.first_bad == first_bad and verdict.verdict == "regression":
             out["right"] = True
         elif verdict.changed:
@@ -221,7 +221,7 @@ def resample(bank: dict[str, list[BankRun]], histories: int, seed: int = 30,
     for change in (*CHANGES, *(("none",) if control else ())):
         for repeats in (1, 2, 3):
             rng = np.random.default_rng([seed, (*CHANGES, "none").index(change), repeats])
-            tally = {k: 0 for k in ("sw_right", "sw_floor1_right", "sw_floor1_elsewhere", "sw_elsewhere", "sw_suspected", "asv_right", "asv_elsewhere",
+            tally = {k: 0 for k in ("sw_right", "sw_floor1_right", "sw_floor1_elsewhere", "sw_floor1_no_candidate", "sw_elsewhere", "sw_suspected", "asv_right", "asv_elsewhere",
                                     "z_right", "z_elsewhere")}
             sources: dict[str, int] = {}
             detectable: list[float] = []
@@ -237,6 +237,7 @@ def resample(bank: dict[str, list[BankRun]], histories: int, seed: int = 30,
                 what_if = judge_stepwatch_floor(history, first_bad, WHAT_IF_FLOOR)
                 tally["sw_floor1_right"] += what_if["right"]
                 tally["sw_floor1_elsewhere"] += what_if["elsewhere"] > 0
+                tally["sw_floor1_no_candidate"] += not what_if["candidate"]
                 if what_if["min_detectable"] is not None:
                     detectable.append(what_if["min_detectable"])
                 tally["sw_elsewhere"] += sw["elsewhere"] > 0
@@ -264,16 +265,17 @@ def format_resample(bank: dict[str, list[BankRun]], rows: list[dict], control: l
     sizes = measured_changes(bank)
     spread = {c: 100 * float(np.std(np.log([r.value_ms for r in runs]), ddof=1)) for c, runs in bank.items()}
     lines = ["| change (measured) | runs in bank (sd) | r | commits | histories | stepwatch: confirmed at the right "
-             "commit | stepwatch: confirmed elsewhere | stepwatch: suspected | what-if, 1 % floor: right / elsewhere (smallest change it could call) | asv: right | asv: elsewhere | "
+             "commit | stepwatch: confirmed elsewhere | stepwatch: suspected | what-if, 1 % floor: right / elsewhere / no candidate there (smallest change it could call) | asv: right | asv: elsewhere | "
              "lookback z: right | lookback z: elsewhere |", "| --- | ---: |" + " ---: |" * 11]
     for row in rows:
         c, r, n = row["change"], row["repeats"], row["histories"]
         pct = lambda k: f"{100 * row[k] / n:.1f} %"
         mdc = f"{100 * row['min_detectable']:.1f} %" if row["min_detectable"] is not None else "-"
+        no_candidate = "-" if c == "none" else pct("sw_floor1_no_candidate")
         label = "none: A/A" if c == "none" else f"{c} ({100 * sizes[c][1]:+.1f} %)"
         lines.append(f"| {label} | {len(bank[c])} ({spread[c]:.2f} %) | {r} | "
                      f"{BEFORE[r]} + {AFTER[r]} | {n} | {pct('sw_right')} | {pct('sw_elsewhere')} | "
-                     f"{pct('sw_suspected')} | {pct('sw_floor1_right')} / {pct('sw_floor1_elsewhere')} ({mdc}) | {pct('asv_right')} | {pct('asv_elsewhere')} | {pct('z_right')} | "
+                     f"{pct('sw_suspected')} | {pct('sw_floor1_right')} / {pct('sw_floor1_elsewhere')} / {no_candidate} ({mdc}) | {pct('asv_right')} | {pct('asv_elsewhere')} | {pct('z_right')} | "
                      f"{pct('z_elsewhere')} |")
     base = bank["base"]
     lines.append(f"\nbase: {len(base)} runs, median {sizes['base'][0]:.3f} ms, sd {spread['base']:.2f} % "
