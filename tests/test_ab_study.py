@@ -62,3 +62,19 @@ def test_lookback_flags_the_first_commit_beyond_five_sd():
     assert ab_study.judge_lookback(flat + [[1.001], [1.002]], first_bad=5) == {"right": False, "elsewhere": 0}
     # a control history (first_bad -1): every flagged commit is a false alarm
     assert ab_study.judge_lookback(flat + [[1.05]], first_bad=-1) == {"right": False, "elsewhere": 1}
+
+
+def test_check_rows_read_from_a_real_check_report():
+    """`ingest check`'s Markdown from the study's end-to-end run (kept in results/e2e.jsonl)."""
+    import json
+
+    kept = ab_study.DATA / "results" / "e2e.jsonl"
+    histories = {h["history"]: h for h in map(json.loads, kept.read_text().splitlines())}
+    rows = ab_study.read_check_rows(histories["ab-layers82-r1"]["check"])
+    assert [(r["metric"], r["change"]) for r in rows] == [("tok_per_s", "-4.8% (regression)")]
+    assert histories["ab-layers82-r1"]["first_bad"].startswith(rows[0]["first_bad"]) and len(rows[0]["first_bad"]) == 12
+    assert rows[0]["evidence"].startswith("confirmed (5 vs 3 runs")
+    assert ab_study.read_check_rows(histories["ab-layers80-r1"]["check"]) == []
+    table = ab_study.format_e2e(kept)
+    assert "| ab-layers86-r3 | 5 x 3 | 15 (58) | exit 1, yes; 0; 0 |" in table
+    assert "| ab-layers80-r2 | 8 x 2 | 16 (60) | exit 0, no; 1; 0 |" in table
