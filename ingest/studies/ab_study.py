@@ -32,7 +32,9 @@ judges: noise.run_value of its timed steps (the manifest's timing.step_ms, 20 st
 holds those steps (the detector's candidates), as ingest.runs.track builds them. For each (change, r)
 `--histories` random histories (seeded), put through ingest.runs.track.judge_changes on the step
 ms metric -- the function `ingest check` runs a series' metric through -- and through asv and the
-lookback z. They are resampled from 42 real runs, not that many independent histories: they show
+lookback z; beside them a what-if (judge_stepwatch_floor: the same steps with a 1 % floor in place
+of detect.MIN_REL_CHANGE, not what stepwatch does) and, with --aa-db, A/A control histories of the
+same shapes from the H200 A/A study's 25 runs. They are resampled from 42 real runs, not that many independent histories: they show
 how the verdicts behave on the runs this H200 really produced, not the H200's variation over days.
 """
 
