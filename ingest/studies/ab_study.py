@@ -34,7 +34,8 @@ holds those steps (the detector's candidates), as ingest.runs.track builds them.
 ms metric -- the function `ingest check` runs a series' metric through -- and through asv and the
 lookback z; beside them a what-if (judge_stepwatch_floor: the same steps with a 1 % floor in place
 of detect.MIN_REL_CHANGE, not what stepwatch does) and, with --aa-db, A/A control histories of the
-same shapes from the H200 A/A study's 25 runs. They are resampled from 42 real runs, not that many independent histories: they show
+same shapes from the H200 A/A study's 25 runs. They are resampled from 42 real runs, not that many
+independent histories: they show
 how the verdicts behave on the runs this H200 really produced, not the H200's variation over days.
 """
 
@@ -223,8 +224,9 @@ def resample(bank: dict[str, list[BankRun]], histories: int, seed: int = 30,
     for change in (*CHANGES, *(("none",) if control else ())):
         for repeats in (1, 2, 3):
             rng = np.random.default_rng([seed, (*CHANGES, "none").index(change), repeats])
-            tally = {k: 0 for k in ("sw_right", "sw_floor1_right", "sw_floor1_elsewhere", "sw_floor1_no_candidate", "sw_elsewhere", "sw_suspected", "asv_right", "asv_elsewhere",
-                                    "z_right", "z_elsewhere")}
+            tally = {k: 0 for k in ("sw_right", "sw_floor1_right", "sw_floor1_elsewhere", "sw_floor1_no_candidate",
+                                    "sw_elsewhere", "sw_suspected", "asv_right", "asv_elsewhere", "z_right",
+                                    "z_elsewhere")}
             sources: dict[str, int] = {}
             detectable: list[float] = []
             for _ in range(histories):
@@ -267,7 +269,8 @@ def format_resample(bank: dict[str, list[BankRun]], rows: list[dict], control: l
     sizes = measured_changes(bank)
     spread = {c: 100 * float(np.std(np.log([r.value_ms for r in runs]), ddof=1)) for c, runs in bank.items()}
     lines = ["| change (measured) | runs in bank (sd) | r | commits | histories | stepwatch: confirmed at the right "
-             "commit | stepwatch: confirmed elsewhere | stepwatch: suspected | what-if, 1 % floor: right / elsewhere / no candidate there (smallest change it could call) | asv: right | asv: elsewhere | "
+             "commit | stepwatch: confirmed elsewhere | stepwatch: suspected | what-if, 1 % floor: right / "
+             "elsewhere / no candidate there (smallest change it could call) | asv: right | asv: elsewhere | "
              "lookback z: right | lookback z: elsewhere |", "| --- | ---: |" + " ---: |" * 11]
     for row in rows:
         c, r, n = row["change"], row["repeats"], row["histories"]
@@ -277,7 +280,8 @@ def format_resample(bank: dict[str, list[BankRun]], rows: list[dict], control: l
         label = "none: A/A" if c == "none" else f"{c} ({100 * sizes[c][1]:+.1f} %)"
         lines.append(f"| {label} | {len(bank[c])} ({spread[c]:.2f} %) | {r} | "
                      f"{BEFORE[r]} + {AFTER[r]} | {n} | {pct('sw_right')} | {pct('sw_elsewhere')} | "
-                     f"{pct('sw_suspected')} | {pct('sw_floor1_right')} / {pct('sw_floor1_elsewhere')} / {no_candidate} ({mdc}) | {pct('asv_right')} | {pct('asv_elsewhere')} | {pct('z_right')} | "
+                     f"{pct('sw_suspected')} | {pct('sw_floor1_right')} / {pct('sw_floor1_elsewhere')} / "
+                     f"{no_candidate} ({mdc}) | {pct('asv_right')} | {pct('asv_elsewhere')} | {pct('z_right')} | "
                      f"{pct('z_elsewhere')} |")
     base = bank["base"]
     lines.append(f"\nbase: {len(base)} runs, median {sizes['base'][0]:.3f} ms, sd {spread['base']:.2f} % "
@@ -383,10 +387,16 @@ def read_check_rows(check_md: str) -> list[dict]:
     return rows
 
 
+def _short_metric(metric: str) -> str:
+    """kernel:ms_per_step:NAME... -> kernel:ms_per_step (the kernel names run to hundreds of characters)."""
+    return ":".join(metric.split(":")[:2]) if metric.startswith("kernel:") else metric
+
+
 def format_e2e(results: Path) -> str:
     """The end-to-end histories as a Markdown table (one row a history)."""
     lines = ["| history | commits x runs | imports (s) | check: exit; tok/s or step time confirmed at the right "
-             "commit; other confirmed rows there; confirmed rows elsewhere | check's rows (evidence) | compare last good -> first bad: verdict, change (95 % "
+             "commit; other confirmed rows there; confirmed rows elsewhere | check's rows (evidence) | "
+             "compare last good -> first bad: verdict, change (95 % "
              "interval), spread (source) |", "| --- | --- | ---: | --- | --- | --- |"]
     histories = sorted((json.loads(line) for line in results.read_text().splitlines()),
                        key=lambda h: (h["repeats"], CHANGES.index(h["change"])))
@@ -395,9 +405,8 @@ def format_e2e(results: Path) -> str:
         at = [bool(r["first_bad"]) and h["first_bad"].startswith(r["first_bad"]) for r in rows]
         right = any(a and r["metric"] in ("tok_per_s", "step_ms") for a, r in zip(at, rows))
         kernels_right = sum(a and r["metric"] not in ("tok_per_s", "step_ms") for a, r in zip(at, rows))
-        evidence = "; ".join(sorted({f"{r['metric'].split(':')[0] if r['metric'].startswith('kernel:') else r['metric']}"
-                                     f"{':' + r['metric'].split(':')[1] if r['metric'].startswith('kernel:') else ''} "
-                                     f"{r['change']}, {r['evidence']}" for r in rows})) or \
+        found = sorted({f"{_short_metric(r['metric'])} {r['change']}, {r['evidence']}" for r in rows})
+        evidence = "; ".join(found) or \
             (h["check"].splitlines()[2] if len(h["check"].splitlines()) > 2 else h["check_err"][-200:])
         c = h["compare"][0]
         if "verdict" in c:
