@@ -53,6 +53,12 @@ from pathlib import Path
 
 import numpy as np
 
+from db.series import list_series_runs
+from db.store import open_db
+from ingest.regress.detect import Point, detect_changes
+from ingest.regress.noise import estimate_spread, judge, run_value, step_floor
+from ingest.runs.track import judge_changes, list_tracked_series
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "ingest" / "studies" / "benchmark_data" / "ab-h200-2026-12-02"
 CHANGES = ("layers80", "layers82", "layers86", "wholepool")
@@ -79,8 +85,6 @@ class BankRun:
 
 def load_bank(bundles: Path) -> dict[str, list[BankRun]]:
     """The bank's runs by config, in run order (bank.json's order, rc 0 only)."""
-    from ingest.regress.noise import run_value
-
     meta = json.loads((DATA / "bank.json").read_text())
     out: dict[str, list[BankRun]] = {}
     for run in meta["runs"]:
@@ -95,11 +99,6 @@ def load_bank(bundles: Path) -> dict[str, list[BankRun]]:
 def load_aa_runs(db: Path) -> list[BankRun]:
     """The H200 A/A study's 25 runs (ingest/regress/BENCHMARKS.md: the same workload as base, main's
     kernels/, one process each, 2026-12-02 00:47-00:52 UTC) from its database: the control."""
-    from db.series import list_series_runs
-    from db.store import open_db
-    from ingest.regress.noise import run_value
-    from ingest.runs.track import list_tracked_series
-
     with open_db(db, read_only=True) as store:
         (series,) = list_tracked_series(store, "aa-h200")
         frame = list_series_runs(store, series)
@@ -139,9 +138,6 @@ def judge_stepwatch(history: list[list[BankRun]], first_bad: int) -> dict:
     check` runs each series' metric through): confirmed (the noise model's regression or
     improvement) at the right commit, confirmed elsewhere, suspected (no spread: kept, not
     confirmed); the verdict, interval and spread of the change at the right commit."""
-    from ingest.regress.detect import Point
-    from ingest.runs.track import judge_changes
-
     points = [Point(f"c{i}", tuple(s for run in runs for s in run.steps_ms)) for i, runs in enumerate(history)]
     values = [[run.value_ms for run in runs] for runs in history]
     found = judge_changes("step_ms", False, points, values)
@@ -162,9 +158,6 @@ def judge_stepwatch_floor(history: list[list[BankRun]], first_bad: int, min_rel_
     candidates, estimate_spread with their breaks and the steps' floor, judge of the segments
     around each candidate) with `min_rel_change` in place of detect.MIN_REL_CHANGE (3 %) in both
     the detector and the judge. As judge_stepwatch: right (bool), elsewhere (a count)."""
-    from ingest.regress.detect import Point, detect_changes
-    from ingest.regress.noise import estimate_spread, judge, step_floor
-
     points = [Point(f"c{i}", tuple(s for run in runs for s in run.steps_ms)) for i, runs in enumerate(history)]
     values = [[run.value_ms for run in runs] for runs in history]
     found = detect_changes(points, higher_is_better=False, min_rel_change=min_rel_change)
