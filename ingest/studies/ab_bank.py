@@ -7,10 +7,10 @@ same command as the A/A study's H200 runs, in a process of its own. The changes 
 the work a decode step does, not edits of the figures:
 
     base       glm5, 78 layers, fused KV                        (the A/A study's workload)
-    layers80   80 layers: 2 more layers' work                   (about +2.6 %)
-    layers82   82 layers                                        (about +5.1 %)
-    layers86   86 layers                                        (about +10 %)
-    wholepool  78 layers, the whole-pool cast (full-pool-cast)  (the seeds' bug: about 3x)
+    layers80   80 layers: 2 more layers' work                   (measured +2.4 %, 2026-12-02)
+    layers82   82 layers                                        (measured +5.2 %)
+    layers86   86 layers                                        (measured +10.0 %)
+    wholepool  78 layers, the whole-pool cast (full-pool-cast)  (the seeds' bug: measured 10.0x, not 3x)
 
 The configurations are run round-robin (base, layers80, base, layers82, ...) so that every one sees
 the machine's drift alike; the order and each run's wall time are written to bank.json. The run
