@@ -73,6 +73,7 @@ from typing import NamedTuple
 POLL_S = 0.002  # how often a waiter looks again at the flock it waits for
 STALE_TEMP_S = 60.0  # an unnamed entry this old belongs to a process killed while making it
 QUEUE_SUFFIX = ".lock-queue"
+WAIT_LOG = os.environ.get("STEPWATCH_DB_WAIT_LOG")  # a file: one line per wait (db/studies/load.py reads it)
 
 _held = threading.local()  # path -> depth of this thread's holds
 _OPEN_FDS: set[int] = set()  # every lock or queue file this process holds, for _after_fork
@@ -298,21 +299,29 @@ class DbLock:
             return
         _OPEN_FDS.add(main)
         entry_fd, entry = None, None
+        t0 = time.monotonic()
         try:
             ticket, entry_fd, entry = queue.enter("w" if write else "r", deadline)
             if write:
-                _wait_until_gone(queue.look(ticket, "w"), deadline)  # the writers before it, in turn
+                ahead = queue.look(ticket, "w")
+                waited_for = len(ahead)
+                _wait_until_gone(ahead, deadline)  # the writers before it, in turn
                 armed = queue.arm(entry_fd, deadline)
-                _wait_until_gone(queue.look(armed, "r"), deadline)  # the readers before it took L
+                ahead = queue.look(armed, "r")
+                waited_for += len(ahead)
+                _wait_until_gone(ahead, deadline)  # the readers before it took L
+                t_queue = time.monotonic()
                 while not _try(main, fcntl.LOCK_EX):  # ... and let it go
                     _wait(deadline)
             else:
                 writers = queue.look(ticket, "w")
-                before = [e for e in writers if e.armed is not None and e.armed < ticket]  # at most one: the head
+                ahead = [e for e in writers if e.armed is not None and e.armed < ticket]  # at most one: the head
                 for e in writers:
-                    if e not in before:
+                    if e not in ahead:
                         _close_fd(e.fd)
-                _wait_until_gone(before, deadline)
+                waited_for = len(ahead)
+                _wait_until_gone(ahead, deadline)
+                t_queue = time.monotonic()
                 while not _try(main, fcntl.LOCK_SH):  # free unless a process outside the queue holds it
                     _wait(deadline)
         except BaseException:
@@ -323,6 +332,8 @@ class DbLock:
             raise
         finally:
             queue.close()
+        if WAIT_LOG:
+            _log_wait(write, t0, t_queue, waited_for)
         if write:  # a writer stays in the queue, armed, until it lets L go
             self.fds, self.entry = [main, entry_fd], entry
         else:  # a reader leaves the queue as soon as it holds L
@@ -342,3 +353,11 @@ class DbLock:
             _unlink_quietly(self.entry)
             _close_fd(self.fds[1])
         self.fds, self.entry = [], None
+
+
+def _log_wait(write: bool, t0: float, t_queue: float, waited_for: int) -> None:
+    """pid, mode, ms waiting in the queue, ms then waiting for L, how many entries it waited for."""
+    now = time.monotonic()
+    with open(WAIT_LOG, "a") as out:
+        out.write(f"{os.getpid()} {'write' if write else 'read'} {1000 * (t_queue - t0):.1f} "
+                  f"{1000 * (now - t_queue):.1f} {waited_for}\n")

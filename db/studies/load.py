@@ -170,7 +170,7 @@ def _stop_cpu_load(spinners: list[subprocess.Popen]) -> None:
 def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, cpu_load: int = 0) -> dict:
     work = Path(tempfile.mkdtemp(prefix="stepwatch-load-"))
     db = str(work / "load.duckdb")
-    holds = work / "holds.log"
+    holds, waits = work / "holds.log", work / "waits.log"
     spinners: list[subprocess.Popen] = []
     try:
         subprocess.run(_cli("samples", "--db", db), cwd=ROOT, capture_output=True, text=True, check=True)
@@ -180,6 +180,7 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, 
         bundles = sorted(p for p in SAMPLES.iterdir() if (p / "manifest.json").exists())
         stop, latencies = work / "stop", work / "latencies.txt"
         os.environ["STEPWATCH_DB_HOLD_LOG"] = str(holds)  # every process below logs its holds (db/store.py)
+        os.environ["STEPWATCH_DB_WAIT_LOG"] = str(waits)  # ... and its waits in db/lock.py's queue
         reader = subprocess.Popen([sys.executable, "-m", "db.studies.load", "--reader", db, str(latencies),
                                    str(stop), str(read_every_s)], cwd=ROOT)
         while latencies.exists() is False or len(latencies.read_text().splitlines()) < IDLE_READS:
@@ -219,11 +220,13 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, 
         result = _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, writers_s, imports,
                             worker.returncode, worker_out)
         result["holds"] = _summarise_holds(holds)
+        result["waits"] = _summarise_waits(waits, reader.pid)
         result["cpu_load"], result["load_average"] = cpu_load, load_average
         return result
     finally:
         _stop_cpu_load(spinners)  # also when the window failed: no spinner outlives the study
         os.environ.pop("STEPWATCH_DB_HOLD_LOG", None)
+        os.environ.pop("STEPWATCH_DB_WAIT_LOG", None)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -236,6 +239,25 @@ def _summarise_holds(log: Path) -> list[dict]:
     rows = [{"mode": mode, "site": site, "count": len(v), "p50_ms": _percentile(v, 50), "max_ms": max(v)}
             for (mode, site), v in sites.items()]
     return sorted(rows, key=lambda r: -r["max_ms"])
+
+
+def _summarise_waits(log: Path, reader_pid: int) -> dict:
+    """The page's and the writers' waits in db/lock.py's queue (its idle reads included: they wait
+    for nobody): ms in the queue, ms then for L, and how many entries each waited for."""
+    groups: dict[str, list[tuple[float, float, int]]] = {"page": [], "writers": []}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        pid, mode, queue_ms, lock_ms, waited_for = line.split()
+        who = "page" if int(pid) == reader_pid and mode == "read" else "writers" if mode == "write" else "other"
+        groups.setdefault(who, []).append((float(queue_ms), float(lock_ms), int(waited_for)))
+    out = {}
+    for who, rows in groups.items():
+        if not rows:
+            continue
+        total = [q + lk for q, lk, _ in rows]
+        out[who] = {"count": len(rows), "p50_ms": _percentile(total, 50), "p99_ms": _percentile(total, 99),
+                    "max_ms": max(total), "lock_max_ms": max(lk for _, lk, _ in rows),
+                    "waited_for": {str(n): sum(1 for *_, k in rows if k == n) for n in sorted({k for *_, k in rows})}}
+    return out
 
 
 def _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, writers_s, imports,
@@ -297,6 +319,10 @@ def _print(result: dict) -> None:
           f"{result['duplicate_hashes']}")
     for err in result["imports_failed"][:5] + result["worker_errors"]:
         print(f"  error: {err}")
+    for who, w in result["waits"].items():
+        print(f"  {who}'s waits in the queue: {w['count']}, p50 {w['p50_ms']:.0f} ms, p99 {w['p99_ms']:.0f} ms, "
+              f"max {w['max_ms']:.0f} ms (of it for L at most {w['lock_max_ms']:.0f}); entries waited for: "
+              + ", ".join(f"{n}: {c}" for n, c in w["waited_for"].items()))
     print("longest holds of the file (mode, file:function, count, p50, max ms):")
     for h in result["holds"][:8]:
         print(f"  {h['mode']} {h['site']}: {h['count']}, {h['p50_ms']:.0f}, {h['max_ms']:.0f}")
