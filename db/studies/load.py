@@ -29,6 +29,10 @@ db/BENCHMARKS.md. Everything is a real process on one real DuckDB file, as in pr
    writers have finished: a competing CPU load beside the whole mix, as another user's job on
    the same machine would be. The reader reports a read's wait for the file and its queries'
    time apart, so a tail that is CPU starvation reads as query time, not as waiting.
+   `--own-sessions` starts the reader, and the spinners, each in a session of its own, as a
+   dashboard service and another user's job are: a kernel with autogroup
+   (/proc/sys/kernel/sched_autogroup_enabled) shares the CPU between sessions first, then
+   between the threads of each.
 6. Bookkeeping: every import must print `imported run N` with a new N, every job that
    succeeded must name a new run, and the runs table must hold exactly the sample runs plus
    those: any other count is a lost or duplicated run, reported as such.
@@ -154,20 +158,31 @@ def _queue_jobs(db: str, n: int) -> list[int]:
     return ids
 
 
-def _start_cpu_load(n: int) -> list[subprocess.Popen]:
-    """n processes that spin at normal priority until killed (the competing CPU load)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-            for _ in range(n)]
+SPIN = "while True: pass"
+SPIN_GROUP = "import os, sys\nfor _ in range(int(sys.argv[1]) - 1):\n    if os.fork() == 0:\n        break\n" + SPIN
+
+
+def _start_cpu_load(n: int, own_session: bool) -> list[subprocess.Popen]:
+    """n processes that spin at normal priority until killed (the competing CPU load); with
+    own_session, one process that forks the others in a session of their own (another user's job)."""
+    if own_session and n:
+        return [subprocess.Popen([sys.executable, "-c", SPIN_GROUP, str(n)], stdin=subprocess.DEVNULL,
+                                 start_new_session=True)]
+    return [subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL) for _ in range(n)]
 
 
 def _stop_cpu_load(spinners: list[subprocess.Popen]) -> None:
     for proc in spinners:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, 9) if os.getpgid(proc.pid) == proc.pid else proc.kill()  # a session: its group
+        except ProcessLookupError:
+            pass
     for proc in spinners:
         proc.wait()
 
 
-def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, cpu_load: int = 0) -> dict:
+def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, cpu_load: int = 0,
+                  own_sessions: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix="stepwatch-load-"))
     db = str(work / "load.duckdb")
     holds, waits = work / "holds.log", work / "waits.log"
@@ -182,11 +197,11 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, 
         os.environ["STEPWATCH_DB_HOLD_LOG"] = str(holds)  # every process below logs its holds (db/store.py)
         os.environ["STEPWATCH_DB_WAIT_LOG"] = str(waits)  # ... and its waits in db/lock.py's queue
         reader = subprocess.Popen([sys.executable, "-m", "db.studies.load", "--reader", db, str(latencies),
-                                   str(stop), str(read_every_s)], cwd=ROOT)
+                                   str(stop), str(read_every_s)], cwd=ROOT, start_new_session=own_sessions)
         while latencies.exists() is False or len(latencies.read_text().splitlines()) < IDLE_READS:
             time.sleep(0.1)  # the reader's baseline: the same reads with no writer
         Path(str(stop) + ".go").touch()
-        spinners.extend(_start_cpu_load(cpu_load))
+        spinners.extend(_start_cpu_load(cpu_load, own_sessions))
         worker = subprocess.Popen(_cli("worker", "--db", db, "--poll-s", "0.5", "--exit-when-idle"), cwd=ROOT,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         t0 = time.monotonic()
@@ -221,7 +236,7 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, 
                             worker.returncode, worker_out)
         result["holds"] = _summarise_holds(holds)
         result["waits"] = _summarise_waits(waits, reader.pid)
-        result["cpu_load"], result["load_average"] = cpu_load, load_average
+        result["cpu_load"], result["load_average"], result["own_sessions"] = cpu_load, load_average, own_sessions
         return result
     finally:
         _stop_cpu_load(spinners)  # also when the window failed: no spinner outlives the study
@@ -297,7 +312,8 @@ def _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, 
 
 def _print(result: dict) -> None:
     print(f"window {result['seconds']:g} s (writers done after {result['writers_s']} s), "
-          f"{result['import_loops']} import loops + a worker + {result['cpu_load']} spinning processes; "
+          f"{result['import_loops']} import loops + a worker + {result['cpu_load']} spinning processes"
+          f"{' (reader and spinners each in a session of their own)' if result['own_sessions'] else ''}; "
           f"load average {result['load_average']:.1f} at the end")
     print(f"locks (db/lock.py): {'on' if result['locks'] else 'off (STEPWATCH_DB_LOCKS=0)'}; the same reads "
           f"with no writer: {result['idle_reads']}, p50 {result['idle_p50_ms']:.0f} ms, "
@@ -341,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--read-every-s", type=float, default=0.1, help="the reader's pause between page reads")
     ap.add_argument("--cpu-load", type=int, default=0, metavar="N",
                     help="N processes spinning at normal priority beside the mix for the window (default 0)")
+    ap.add_argument("--own-sessions", action="store_true",
+                    help="the reader, and the competing load, each in a session of its own (a dashboard service and "
+                         "another user's job): a kernel with autogroup shares the CPU between sessions")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--baseline", action="store_true",
                     help="first run the same load without db/lock.py's ordering and without batch priority "
@@ -353,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            result = run_benchmark(args.seconds, args.imports, args.read_every_s, args.jobs, args.cpu_load)
+            result = run_benchmark(args.seconds, args.imports, args.read_every_s, args.jobs, args.cpu_load,
+                                   args.own_sessions)
         finally:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
