@@ -304,11 +304,11 @@ class DbLock:
             ticket, entry_fd, entry = queue.enter("w" if write else "r", deadline)
             if write:
                 ahead = queue.look(ticket, "w")
-                waited_for = len(ahead)
+                waited = [e.ticket for e in ahead]
                 _wait_until_gone(ahead, deadline)  # the writers before it, in turn
                 armed = queue.arm(entry_fd, deadline)
                 ahead = queue.look(armed, "r")
-                waited_for += len(ahead)
+                waited += [e.ticket for e in ahead]
                 _wait_until_gone(ahead, deadline)  # the readers before it took L
                 t_queue = time.monotonic()
                 while not _try(main, fcntl.LOCK_EX):  # ... and let it go
@@ -319,7 +319,7 @@ class DbLock:
                 for e in writers:
                     if e not in ahead:
                         _close_fd(e.fd)
-                waited_for = len(ahead)
+                waited, armed = [e.ticket for e in ahead], None
                 _wait_until_gone(ahead, deadline)
                 t_queue = time.monotonic()
                 while not _try(main, fcntl.LOCK_SH):  # free unless a process outside the queue holds it
@@ -333,7 +333,7 @@ class DbLock:
         finally:
             queue.close()
         if WAIT_LOG:
-            _log_wait(write, t0, t_queue, waited_for)
+            _log_wait(write, t0, t_queue, ticket, armed, waited)
         if write:  # a writer stays in the queue, armed, until it lets L go
             self.fds, self.entry = [main, entry_fd], entry
         else:  # a reader leaves the queue as soon as it holds L
@@ -355,9 +355,11 @@ class DbLock:
         self.fds, self.entry = [], None
 
 
-def _log_wait(write: bool, t0: float, t_queue: float, waited_for: int) -> None:
-    """pid, mode, ms waiting in the queue, ms then waiting for L, how many entries it waited for."""
+def _log_wait(write: bool, t0: float, t_queue: float, ticket: int, armed: int | None, waited: list[int]) -> None:
+    """One line: pid, thread, mode, ms in the queue, ms then for L, how many entries it waited for,
+    its ticket, its A (a writer's; "-" for a reader) and the tickets it waited for ("-": none)."""
     now = time.monotonic()
     with open(WAIT_LOG, "a") as out:
-        out.write(f"{os.getpid()} {'write' if write else 'read'} {1000 * (t_queue - t0):.1f} "
-                  f"{1000 * (now - t_queue):.1f} {waited_for}\n")
+        out.write(f"{os.getpid()} {threading.get_native_id()} {'write' if write else 'read'} "
+                  f"{1000 * (t_queue - t0):.1f} {1000 * (now - t_queue):.1f} {len(waited)} {ticket} "
+                  f"{armed if armed is not None else '-'} {','.join(map(str, waited)) or '-'}\n")

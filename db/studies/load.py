@@ -260,8 +260,8 @@ def _summarise_waits(log: Path, reader_pid: int) -> dict:
     """The page's and the writers' waits in db/lock.py's queue (its idle reads included: they wait
     for nobody): ms in the queue, ms then for L, and how many entries each waited for."""
     groups: dict[str, list[tuple[float, float, int]]] = {"page": [], "writers": []}
-    for line in log.read_text().splitlines() if log.exists() else []:
-        pid, mode, queue_ms, lock_ms, waited_for = line.split()
+    for line in log.read_text().splitlines() if log.exists() else []:  # db/lock.py _log_wait
+        pid, _, mode, queue_ms, lock_ms, waited_for = line.split()[:6]
         who = "page" if int(pid) == reader_pid and mode == "read" else "writers" if mode == "write" else "other"
         groups.setdefault(who, []).append((float(queue_ms), float(lock_ms), int(waited_for)))
     out = {}
