@@ -182,7 +182,8 @@ def _stop_cpu_load(spinners: list[subprocess.Popen]) -> None:
 
 
 def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, cpu_load: int = 0,
-                  own_sessions: bool = False) -> dict:
+                  own_sessions: bool = False, keep_logs: str | None = None) -> dict:
+    """The study's figures; with keep_logs, a path prefix for its raw logs (holds, waits, latencies)."""
     work = Path(tempfile.mkdtemp(prefix="stepwatch-load-"))
     db = str(work / "load.duckdb")
     holds, waits = work / "holds.log", work / "waits.log"
@@ -240,6 +241,9 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, 
         return result
     finally:
         _stop_cpu_load(spinners)  # also when the window failed: no spinner outlives the study
+        for log in (holds, waits, work / "latencies.txt") if keep_logs else ():
+            if log.exists():
+                shutil.copy(log, f"{keep_logs}.{log.name}")
         os.environ.pop("STEPWATCH_DB_HOLD_LOG", None)
         os.environ.pop("STEPWATCH_DB_WAIT_LOG", None)
         shutil.rmtree(work, ignore_errors=True)
@@ -360,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--own-sessions", action="store_true",
                     help="the reader, and the competing load, each in a session of its own (a dashboard service and "
                          "another user's job): a kernel with autogroup shares the CPU between sessions")
-    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--json", help="also write the figures to this file (X.json), and the raw logs beside it "
+                                   "(X.SETTING.holds.log, .waits.log, .latencies.txt)")
     ap.add_argument("--baseline", action="store_true",
                     help="first run the same load without db/lock.py's ordering and without batch priority "
                          "(STEPWATCH_DB_LOCKS=0 STEPWATCH_BATCH_NICE=0), then as configured")
@@ -372,8 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
+            keep = f"{args.json.removesuffix('.json')}.{label.replace(' ', '-')}" if args.json else None
             result = run_benchmark(args.seconds, args.imports, args.read_every_s, args.jobs, args.cpu_load,
-                                   args.own_sessions)
+                                   args.own_sessions, keep)
         finally:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
