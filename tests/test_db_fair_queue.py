@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from db.lock import QUEUE_SUFFIX, list_queue
+from db.lock import QUEUE_SUFFIX, STALE_TEMP_S, list_queue
 from db.store import StoreError, open_db
 from tests.helpers import ROOT, wait_for
 
@@ -196,3 +196,18 @@ def test_deadlines_in_the_queue_raise_and_leave_no_entry(db, holders):
     with open_db(db, read_only=True, wait_s=300) as store:  # and the queue moves on without them
         assert store.con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
     assert holders.order() == ["w0", "w1"]
+
+
+def test_an_entry_left_unnamed_by_a_killed_process_is_removed_when_stale(db):
+    """A process killed between making its entry and naming it leaves a temporary file that
+    nobody waits for; the next writer to arm removes it once it is STALE_TEMP_S old (a younger
+    one may be a waiter between those two steps right now)."""
+    queue_dir = str(db) + QUEUE_SUFFIX
+    open_db(db).close()  # the queue directory exists once anyone has waited
+    old, young = os.path.join(queue_dir, "temp-1-1-1"), os.path.join(queue_dir, "temp-1-1-2")
+    for path in (old, young):
+        open(path, "w").close()
+    os.utime(old, (time.time() - STALE_TEMP_S - 5, time.time() - STALE_TEMP_S - 5))
+    with open_db(db) as store:  # a writer: it arms
+        store.con.execute("SELECT 1").fetchone()
+    assert sorted(os.listdir(queue_dir)) == ["temp-1-1-2", "ticket"]
