@@ -2,6 +2,7 @@
 
     .venv/bin/python -m db.studies.load                 # 60 s: a worker, 4 import loops, 1 page reader
     .venv/bin/python -m db.studies.load --seconds 20 --imports 2 --json result.json
+    .venv/bin/python -m db.studies.load --cpu-load 2       # the same beside 2 busy-looping processes
 
 Not a test (it takes a minute and its figures depend on the machine); results go to
 db/BENCHMARKS.md. Everything is a real process on one real DuckDB file, as in production:
@@ -23,7 +24,16 @@ db/BENCHMARKS.md. Everything is a real process on one real DuckDB file, as in pr
    the point. It writes one latency per line.
 4. When the window ends, queued jobs are cancelled, the worker finishes its current job and
    exits, the import loops finish their current import, and the reader stops.
-5. Bookkeeping: every import must print `imported run N` with a new N, every job that
+5. `--cpu-load N` starts N processes that only spin (`while True: pass`, at normal priority)
+   once the idle reads are done, before the writers, and kills them (by their handles) when the
+   writers have finished: a competing CPU load beside the whole mix, as another user's job on
+   the same machine would be. The reader reports a read's wait for the file and its queries'
+   time apart, so a tail that is CPU starvation reads as query time, not as waiting.
+   `--own-sessions` starts the reader, and the spinners, each in a session of its own, as a
+   dashboard service and another user's job are: a kernel with autogroup
+   (/proc/sys/kernel/sched_autogroup_enabled) shares the CPU between sessions first, then
+   between the threads of each.
+6. Bookkeeping: every import must print `imported run N` with a new N, every job that
    succeeded must name a new run, and the runs table must hold exactly the sample runs plus
    those: any other count is a lost or duplicated run, reported as such.
 """
@@ -148,10 +158,36 @@ def _queue_jobs(db: str, n: int) -> list[int]:
     return ids
 
 
-def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) -> dict:
+SPIN = "while True: pass"
+SPIN_GROUP = "import os, sys\nfor _ in range(int(sys.argv[1]) - 1):\n    if os.fork() == 0:\n        break\n" + SPIN
+
+
+def _start_cpu_load(n: int, own_session: bool) -> list[subprocess.Popen]:
+    """n processes that spin at normal priority until killed (the competing CPU load); with
+    own_session, one process that forks the others in a session of their own (another user's job)."""
+    if own_session and n:
+        return [subprocess.Popen([sys.executable, "-c", SPIN_GROUP, str(n)], stdin=subprocess.DEVNULL,
+                                 start_new_session=True)]
+    return [subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL) for _ in range(n)]
+
+
+def _stop_cpu_load(spinners: list[subprocess.Popen]) -> None:
+    for proc in spinners:
+        try:
+            os.killpg(proc.pid, 9) if os.getpgid(proc.pid) == proc.pid else proc.kill()  # a session: its group
+        except ProcessLookupError:
+            pass
+    for proc in spinners:
+        proc.wait()
+
+
+def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int, cpu_load: int = 0,
+                  own_sessions: bool = False, keep_logs: str | None = None) -> dict:
+    """The study's figures; with keep_logs, a path prefix for its raw logs (holds, waits, latencies)."""
     work = Path(tempfile.mkdtemp(prefix="stepwatch-load-"))
     db = str(work / "load.duckdb")
-    holds = work / "holds.log"
+    holds, waits = work / "holds.log", work / "waits.log"
+    spinners: list[subprocess.Popen] = []
     try:
         subprocess.run(_cli("samples", "--db", db), cwd=ROOT, capture_output=True, text=True, check=True)
         with open_db(db, read_only=True) as store:
@@ -160,11 +196,13 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) 
         bundles = sorted(p for p in SAMPLES.iterdir() if (p / "manifest.json").exists())
         stop, latencies = work / "stop", work / "latencies.txt"
         os.environ["STEPWATCH_DB_HOLD_LOG"] = str(holds)  # every process below logs its holds (db/store.py)
+        os.environ["STEPWATCH_DB_WAIT_LOG"] = str(waits)  # ... and its waits in db/lock.py's queue
         reader = subprocess.Popen([sys.executable, "-m", "db.studies.load", "--reader", db, str(latencies),
-                                   str(stop), str(read_every_s)], cwd=ROOT)
+                                   str(stop), str(read_every_s)], cwd=ROOT, start_new_session=own_sessions)
         while latencies.exists() is False or len(latencies.read_text().splitlines()) < IDLE_READS:
             time.sleep(0.1)  # the reader's baseline: the same reads with no writer
         Path(str(stop) + ".go").touch()
+        spinners.extend(_start_cpu_load(cpu_load, own_sessions))
         worker = subprocess.Popen(_cli("worker", "--db", db, "--poll-s", "0.5", "--exit-when-idle"), cwd=ROOT,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         t0 = time.monotonic()
@@ -184,8 +222,11 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) 
             t.join()
         worker_out, _ = worker.communicate(timeout=600)
         writers_s = time.monotonic() - t0
+        load_average = os.getloadavg()[0]
         stop.touch()
         reader.wait(timeout=600)
+        _stop_cpu_load(spinners)
+        spinners.clear()
         rows = [line.split() for line in latencies.read_text().splitlines()]
         with open_db(db, read_only=True) as store:
             runs = store.count_rows()["runs"]
@@ -195,9 +236,16 @@ def run_benchmark(seconds: float, imports: int, read_every_s: float, jobs: int) 
         result = _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, writers_s, imports,
                             worker.returncode, worker_out)
         result["holds"] = _summarise_holds(holds)
+        result["waits"] = _summarise_waits(waits, reader.pid)
+        result["cpu_load"], result["load_average"], result["own_sessions"] = cpu_load, load_average, own_sessions
         return result
     finally:
+        _stop_cpu_load(spinners)  # also when the window failed: no spinner outlives the study
+        for log in (holds, waits, work / "latencies.txt") if keep_logs else ():
+            if log.exists():
+                shutil.copy(log, f"{keep_logs}.{log.name}")
         os.environ.pop("STEPWATCH_DB_HOLD_LOG", None)
+        os.environ.pop("STEPWATCH_DB_WAIT_LOG", None)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -212,11 +260,31 @@ def _summarise_holds(log: Path) -> list[dict]:
     return sorted(rows, key=lambda r: -r["max_ms"])
 
 
+def _summarise_waits(log: Path, reader_pid: int) -> dict:
+    """The page's and the writers' waits in db/lock.py's queue (its idle reads included: they wait
+    for nobody): ms in the queue, ms then for L, and how many entries each waited for."""
+    groups: dict[str, list[tuple[float, float, int]]] = {"page": [], "writers": []}
+    for line in log.read_text().splitlines() if log.exists() else []:  # db/lock.py _log_wait
+        pid, _, mode, queue_ms, lock_ms, waited_for = line.split()[:6]
+        who = "page" if int(pid) == reader_pid and mode == "read" else "writers" if mode == "write" else "other"
+        groups.setdefault(who, []).append((float(queue_ms), float(lock_ms), int(waited_for)))
+    out = {}
+    for who, rows in groups.items():
+        if not rows:
+            continue
+        total = [q + lk for q, lk, _ in rows]
+        out[who] = {"count": len(rows), "p50_ms": _percentile(total, 50), "p99_ms": _percentile(total, 99),
+                    "max_ms": max(total), "lock_max_ms": max(lk for _, lk, _ in rows),
+                    "waited_for": {str(n): sum(1 for *_, k in rows if k == n) for n in sorted({k for *_, k in rows})}}
+    return out
+
+
 def _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, writers_s, imports,
                worker_rc, worker_out) -> dict:
     idle = [float(v) for phase, _, v, _ in rows if phase == "idle"]
     ms = [float(v) for phase, _, v, _ in rows if phase == "load"]
     opening = [float(w) for phase, _, _, w in rows if phase == "load"]
+    querying = [float(v) - float(w) for phase, _, v, w in rows if phase == "load"]
     by_page = {page: [float(v) for phase, p, v, _ in rows if p == page and phase == "load"] for page in READS}
     ok_imports = [r for r in results if r["rc"] == 0 and r["run_id"] is not None]
     succeeded = [j for j in job_rows if j["status"] == "succeeded"]
@@ -230,6 +298,8 @@ def _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, 
         "p99_ms": _percentile(ms, 99), "max_ms": max(ms),
         "open_p50_ms": _percentile(opening, 50), "open_p99_ms": _percentile(opening, 99),
         "open_max_ms": max(opening),
+        "query_p50_ms": _percentile(querying, 50), "query_p99_ms": _percentile(querying, 99),
+        "query_max_ms": max(querying),
         "over_300_ms": sum(v > PAGE_P99_TARGET_MS for v in ms), "over_1_s": sum(v > 1000 for v in ms),
         "by_page": {p: {"reads": len(v), "p50_ms": _percentile(v, 50), "p99_ms": _percentile(v, 99),
                         "max_ms": max(v)} for p, v in by_page.items() if v},
@@ -246,7 +316,9 @@ def _summarise(rows, results, job_rows, runs, sample_runs, dup_hashes, seconds, 
 
 def _print(result: dict) -> None:
     print(f"window {result['seconds']:g} s (writers done after {result['writers_s']} s), "
-          f"{result['import_loops']} import loops + a worker; load average {os.getloadavg()[0]:.1f} now")
+          f"{result['import_loops']} import loops + a worker + {result['cpu_load']} spinning processes"
+          f"{' (reader and spinners each in a session of their own)' if result['own_sessions'] else ''}; "
+          f"load average {result['load_average']:.1f} at the end")
     print(f"locks (db/lock.py): {'on' if result['locks'] else 'off (STEPWATCH_DB_LOCKS=0)'}; the same reads "
           f"with no writer: {result['idle_reads']}, p50 {result['idle_p50_ms']:.0f} ms, "
           f"max {result['idle_max_ms']:.0f} ms")
@@ -255,6 +327,8 @@ def _print(result: dict) -> None:
           f"over 1 s: {result['over_1_s']}")
     print(f"  of which opening (waiting for writers, attaching): p50 {result['open_p50_ms']:.0f} ms, "
           f"p99 {result['open_p99_ms']:.0f} ms, max {result['open_max_ms']:.0f} ms")
+    print(f"  of which the queries (after opening): p50 {result['query_p50_ms']:.0f} ms, "
+          f"p99 {result['query_p99_ms']:.0f} ms, max {result['query_max_ms']:.0f} ms")
     for page, s in result["by_page"].items():
         print(f"  {page}: {s['reads']} reads, p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms, "
               f"max {s['max_ms']:.0f} ms")
@@ -265,6 +339,10 @@ def _print(result: dict) -> None:
           f"{result['duplicate_hashes']}")
     for err in result["imports_failed"][:5] + result["worker_errors"]:
         print(f"  error: {err}")
+    for who, w in result["waits"].items():
+        print(f"  {who}'s waits in the queue: {w['count']}, p50 {w['p50_ms']:.0f} ms, p99 {w['p99_ms']:.0f} ms, "
+              f"max {w['max_ms']:.0f} ms (of it for L at most {w['lock_max_ms']:.0f}); entries waited for: "
+              + ", ".join(f"{n}: {c}" for n, c in w["waited_for"].items()))
     print("longest holds of the file (mode, file:function, count, p50, max ms):")
     for h in result["holds"][:8]:
         print(f"  {h['mode']} {h['site']}: {h['count']}, {h['p50_ms']:.0f}, {h['max_ms']:.0f}")
@@ -281,7 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--imports", type=int, default=4, help="parallel import loops (default 4)")
     ap.add_argument("--jobs", type=int, default=60, help="reference jobs queued for the worker (default 60)")
     ap.add_argument("--read-every-s", type=float, default=0.1, help="the reader's pause between page reads")
-    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--cpu-load", type=int, default=0, metavar="N",
+                    help="N processes spinning at normal priority beside the mix for the window (default 0)")
+    ap.add_argument("--own-sessions", action="store_true",
+                    help="the reader, and the competing load, each in a session of its own (a dashboard service and "
+                         "another user's job): a kernel with autogroup shares the CPU between sessions")
+    ap.add_argument("--json", help="also write the figures to this file (X.json), and the raw logs beside it "
+                                   "(X.SETTING.holds.log, .waits.log, .latencies.txt)")
     ap.add_argument("--baseline", action="store_true",
                     help="first run the same load without db/lock.py's ordering and without batch priority "
                          "(STEPWATCH_DB_LOCKS=0 STEPWATCH_BATCH_NICE=0), then as configured")
@@ -293,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            result = run_benchmark(args.seconds, args.imports, args.read_every_s, args.jobs)
+            keep = f"{args.json.removesuffix('.json')}.{label.replace(' ', '-')}" if args.json else None
+            result = run_benchmark(args.seconds, args.imports, args.read_every_s, args.jobs, args.cpu_load,
+                                   args.own_sessions, keep)
         finally:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
