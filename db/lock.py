@@ -324,11 +324,13 @@ class DbLock:
                 t_queue = time.monotonic()
                 while not _try(main, fcntl.LOCK_SH):  # free unless a process outside the queue holds it
                     _wait(deadline)
-        except BaseException:
+        except BaseException as exc:
             _close_fd(main)
             if entry is not None:
                 _unlink_quietly(entry)
                 _close_fd(entry_fd)
+            if isinstance(exc, OSError):  # the queue's files cannot be written (a full disk): as when
+                return  # the lock files cannot be created, nothing is locked (DuckDB's refusal remains)
             raise
         finally:
             queue.close()
