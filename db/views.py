@@ -443,7 +443,7 @@ _CHANGES = (
     " g.sha AS last_good_sha, b.sha AS first_bad_sha, left(b.sha, 7) AS first_bad_short_sha,"
     " coalesce(b.subject, '') AS first_bad_subject, b.committed_at AS first_bad_date,"
     " coalesce(b.author, '') AS first_bad_author, b.seq AS first_bad_seq,"
-    " ch.last_good_run_id, ch.first_bad_run_id, ch.detected_at,"
+    " ch.last_good_run_id, ch.first_bad_run_id, ch.last_good_commit_id, ch.first_bad_commit_id, ch.detected_at,"
     # its window's interleaved re-runs (ingest/runs/confirm.py), if any, and whether its first bad
     # run came from a spec the worker can run again (NULL: imported)
     " cf.state AS confirm_state, cf.reruns AS confirm_reruns, cf.host AS confirm_host, cf.verdict AS confirm_verdict,"

@@ -52,7 +52,7 @@ def describe_confirmation(change) -> str:
         what = "too noisy" if change.confirm_verdict == TOO_NOISY else "within noise"
         return f"Its speed change was not confirmed by re-runs: {what} ({_reruns(change.confirm_reruns, change.confirm_host)})."
     if change.status == "confirmed":
-        return f"Confirmed by the run-to-run spread of its series (from its {change.noise_source}), without re-runs."
+        return f"Confirmed against the run-to-run spread of its series (from its {change.noise_source})."
     if not isinstance(change.first_bad_spec_engine, str) or change.first_bad_spec_engine == "import":
         return "Suspected: imported runs cannot be re-run: run them with a spec to confirm."
     return "Suspected: not re-run yet (the worker re-runs both commits interleaved after a job of its series)."
