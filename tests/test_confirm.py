@@ -48,14 +48,15 @@ def _two_commits(path, first_line: str | None, whole_pool: bool) -> list[str]:
     else:
         (path / "note.txt").write_text("nothing but a note\n")
         git(path, "add", "-A")
-    git(path, "commit", "-q", "-am", "c2" + (": fused KV path casts the whole pool again" if whole_pool else ": a note"))
+    subject = ": fused KV path casts the whole pool again" if whole_pool else ": a note"
+    git(path, "commit", "-q", "-am", "c2" + subject)
     return [git(path, "rev-parse", "main~1"), git(path, "rev-parse", "main")]
 
 
 def _queue(db, config, sha):
     queued = run_cli("ingest", "run", "--engine", "reference", "--preset", "tiny", "--kv", "fused", "--device", "cpu",
-                     "--profile-steps", "2", "--repo", "planted", "--config", str(config), "--ref", sha, "--db", str(db),
-                     "--queue")
+                     "--profile-steps", "2", "--repo", "planted", "--config", str(config), "--ref", sha,
+                     "--db", str(db), "--queue")
     assert queued.returncode == 0, queued.stderr
 
 
@@ -136,7 +137,8 @@ def test_imported_runs_stay_suspected_and_the_card_says_why(confirmed, open_page
     assert pd.isna(step["first_bad_spec_engine"]) and confirmations == [] and jobs == []
     at = open_page(db, "regressions")
     assert not at.exception
-    assert "Suspected: imported runs cannot be re-run: run them with a spec to confirm." in [c.value for c in at.caption]
+    reason = "Suspected: imported runs cannot be re-run: run them with a spec to confirm."
+    assert reason in [c.value for c in at.caption]
 
 
 def test_a_suspected_change_of_the_same_code_is_dismissed_by_its_reruns(tmp_path, open_page):
@@ -158,4 +160,5 @@ def test_a_suspected_change_of_the_same_code_is_dismissed_by_its_reruns(tmp_path
     at = open_page(db, "regressions")
     assert not at.exception
     lines = [c.value for c in at.caption]
-    assert any("not confirmed by re-runs:" in line and "(4 interleaved re-runs on local)" in line for line in lines), lines
+    assert any("not confirmed by re-runs:" in line and "(4 interleaved re-runs on local)" in line
+               for line in lines), lines

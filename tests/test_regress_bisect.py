@@ -88,8 +88,8 @@ def test_worker_bisects_to_the_planted_commit(tmp_path):
     assert step["rel_change"] > 1.0 and step["noise_source"] == "repeats"
     # the CI gate over the same history: Markdown, the event at c5 with its kernel added; the
     # confirmed tok/s and step-time regression fails --fail-on-regression
-    check = run_cli("ingest", "check", "--repo", "planted", "--repo-path", str(repo), "--range", f"{shas[0]}..{shas[-1]}",
-                    "--db", str(db), "--fail-on-regression")
+    check = run_cli("ingest", "check", "--repo", "planted", "--repo-path", str(repo), "--range",
+                    f"{shas[0]}..{shas[-1]}", "--db", str(db), "--fail-on-regression")
     assert check.returncode == 1, check.stdout + check.stderr
     assert check.stdout.startswith(f"## stepwatch check `{shas[0]}..{shas[-1]}`")
     assert "**2 confirmed regression(s)** of tok/s or step time" in check.stdout

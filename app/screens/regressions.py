@@ -50,7 +50,8 @@ def describe_confirmation(change) -> str:
         return f"Suspected: its {_reruns(change.confirm_reruns, change.confirm_host)} gave no verdict (failed jobs)."
     if state == "dismissed":
         what = "too noisy" if change.confirm_verdict == TOO_NOISY else "within noise"
-        return f"Its speed change was not confirmed by re-runs: {what} ({_reruns(change.confirm_reruns, change.confirm_host)})."
+        return (f"Its speed change was not confirmed by re-runs: {what} "
+                f"({_reruns(change.confirm_reruns, change.confirm_host)}).")
     if change.status == "confirmed":
         return f"Confirmed against the run-to-run spread of its series (from its {change.noise_source})."
     if not isinstance(change.first_bad_spec_engine, str) or change.first_bad_spec_engine == "import":
