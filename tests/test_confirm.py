@@ -21,6 +21,7 @@ import pytest
 from db.store import open_db
 from db.views import list_changes
 from ingest.limits import CONFIRM_PAIRS
+from ingest.runs.survival import kept_bundle_path
 from tests.helpers import git, kernels_repo, run_cli
 
 pytestmark = pytest.mark.slow  # a worker with real runs
@@ -127,7 +128,7 @@ def test_imported_runs_stay_suspected_and_the_card_says_why(confirmed, open_page
     worker can re-run it."""
     db, shas = confirmed["tmp"] / "imported.duckdb", confirmed["shas"]
     for job_id, sha in ((1, shas[0]), (2, shas[1])):
-        bundle = confirmed["db"].parent / "s.duckdb.bundles" / f"job-{job_id}"
+        bundle = kept_bundle_path(str(confirmed["db"]), job_id)  # where the worker kept the job's bundle
         done = run_cli("ingest", "import", str(bundle), "--repo", "planted", "--commit", sha,
                        "--repo-path", str(confirmed["tmp"] / "repo"), "--db", str(db))
         assert done.returncode == 0, done.stderr
