@@ -104,7 +104,9 @@ def list_series_runs(store, series: dict, seq_range: tuple[int, int] | None = No
     frame = store.con.execute(
         "SELECT r.run_id, c.commit_id, c.sha, c.seq, c.committed_at, c.author, c.subject,"
         f" r.tok_per_s, {STEP_MS} AS step_ms, r.copy_share,"
-        " r.batch_size, r.layers, r.job_id, r.manifest->>'$.timing.step_ms' AS samples_json"
+        " r.batch_size, r.layers, r.job_id, r.manifest->>'$.timing.step_ms' AS samples_json,"
+        # the engine of the spec the run came from (NULL: imported, not run by a job): can it be re-run?
+        " (SELECT j.spec->>'$.engine' FROM jobs j WHERE j.job_id = r.job_id) AS job_engine"
         " FROM runs r JOIN commits c USING (commit_id) JOIN repos p ON p.repo_id = r.repo_id"
         f" WHERE {in_series_sql('r', 'p', variant=True)}"
         " AND (? IS NULL OR c.seq >= ?) AND (? IS NULL OR c.seq <= ?)"
@@ -152,3 +154,71 @@ def replace_changes(store, series: dict, rows: list[dict]) -> list[int]:
         con.execute("ROLLBACK")
         raise
     return ids
+
+
+# -- re-runs that confirm (ingest/runs/confirm.py; migration 014) -------------------------------
+_CONFIRMATION_FIELDS = ("confirmation_id", "last_good_commit_id", "first_bad_commit_id", "host", "batch", "reruns",
+                        "state", "verdict", "summary", "pending")
+
+
+def list_confirmations(store, series: dict) -> list[dict]:
+    """The confirmations of one variant of a series (named as pages name it), oldest first, each
+    with `pending`: its re-run jobs still to come (queued, or running without a run imported yet:
+    the job whose run is being followed counts as in)."""
+    rows = store.con.execute(
+        "SELECT cf.confirmation_id, cf.last_good_commit_id, cf.first_bad_commit_id, cf.host, cf.batch, cf.reruns,"
+        " cf.state, cf.verdict, cf.summary,"
+        " (SELECT count(*) FROM jobs j WHERE j.batch = cf.batch AND (j.status = 'queued' OR (j.status = 'running'"
+        "   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.job_id)))) AS pending"
+        " FROM confirmations cf JOIN repos p ON p.repo_id = cf.repo_id"
+        f" WHERE {in_series_sql('cf', 'p', variant=True)} ORDER BY cf.confirmation_id",
+        series_params(series)).fetchall()
+    return [dict(zip(_CONFIRMATION_FIELDS, row)) for row in rows]
+
+
+def queue_confirmation(store, series: dict, last_good_commit_id: int, first_bad_commit_id: int, host: str,
+                       batch: str, jobs: list[tuple[str, str]]) -> list[int] | None:
+    """Record the confirmation of one window (series, last good, first bad commit) and queue its
+    re-run jobs ((spec JSON, label) each, in this order, in batch `batch`), in one transaction;
+    None when the window already has one (a window is re-run once, ever)."""
+    stored = stored_series(series)
+    con = store.con
+    con.execute("BEGIN TRANSACTION")
+    try:
+        key = [store._ensure_repo(stored["repo"]), stored["engine"], stored["workload_key"], stored["device_name"],
+               stored["variant"]]
+        exists = con.execute(
+            "SELECT 1 FROM confirmations WHERE repo_id = ? AND engine IS NOT DISTINCT FROM ?"
+            " AND workload_key IS NOT DISTINCT FROM ? AND device_name IS NOT DISTINCT FROM ?"
+            " AND variant IS NOT DISTINCT FROM ? AND last_good_commit_id = ? AND first_bad_commit_id = ?",
+            key + [last_good_commit_id, first_bad_commit_id]).fetchone()
+        if exists:
+            con.execute("ROLLBACK")
+            return None
+        con.execute(
+            "INSERT INTO confirmations (repo_id, engine, workload_key, device_name, variant, last_good_commit_id,"
+            " first_bad_commit_id, host, batch, reruns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            key + [last_good_commit_id, first_bad_commit_id, host, batch, len(jobs)])
+        ids = [store.enqueue_job(spec_json, label, batch) for spec_json, label in jobs]
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return ids
+
+
+def record_confirmation_verdict(store, confirmation_id: int, state: str, verdict: str | None,
+                                summary: str | None) -> None:
+    """Write how a confirmation's re-runs came out: confirmed, dismissed or failed."""
+    if state not in ("confirmed", "dismissed", "failed"):
+        raise ValueError(f"record_confirmation_verdict: state {state!r}")
+    store.con.execute(
+        "UPDATE confirmations SET state = ?, verdict = ?, summary = ?, judged_at = current_timestamp"
+        " WHERE confirmation_id = ?", [state, verdict, summary, confirmation_id])
+
+
+def list_job_batches_of_runs(store, run_ids: list[int]) -> dict[int, str | None]:
+    """The batch of the job each run came from (None: no job, or a job without a batch)."""
+    rows = store.con.execute("SELECT r.run_id, j.batch FROM runs r LEFT JOIN jobs j USING (job_id)"
+                             " WHERE list_contains(?, r.run_id)", [list(map(int, run_ids))]).fetchall()
+    return {int(run_id): batch for run_id, batch in rows}

@@ -443,9 +443,18 @@ _CHANGES = (
     " g.sha AS last_good_sha, b.sha AS first_bad_sha, left(b.sha, 7) AS first_bad_short_sha,"
     " coalesce(b.subject, '') AS first_bad_subject, b.committed_at AS first_bad_date,"
     " coalesce(b.author, '') AS first_bad_author, b.seq AS first_bad_seq,"
-    " ch.last_good_run_id, ch.first_bad_run_id, ch.detected_at"
+    " ch.last_good_run_id, ch.first_bad_run_id, ch.last_good_commit_id, ch.first_bad_commit_id, ch.detected_at,"
+    # its window's interleaved re-runs (ingest/runs/confirm.py), if any, and whether its first bad
+    # run came from a spec the worker can run again (NULL: imported)
+    " cf.state AS confirm_state, cf.reruns AS confirm_reruns, cf.host AS confirm_host, cf.verdict AS confirm_verdict,"
+    " (SELECT j.spec->>'$.engine' FROM runs fr JOIN jobs j ON j.job_id = fr.job_id"
+    "  WHERE fr.run_id = ch.first_bad_run_id) AS first_bad_spec_engine"
     " FROM changes ch JOIN repos p ON p.repo_id = ch.repo_id"
     " JOIN commits g ON g.commit_id = ch.last_good_commit_id JOIN commits b ON b.commit_id = ch.first_bad_commit_id"
+    " LEFT JOIN confirmations cf ON cf.repo_id = ch.repo_id AND cf.engine IS NOT DISTINCT FROM ch.engine"
+    "  AND cf.workload_key IS NOT DISTINCT FROM ch.workload_key AND cf.device_name IS NOT DISTINCT FROM ch.device_name"
+    "  AND cf.variant IS NOT DISTINCT FROM ch.variant AND cf.last_good_commit_id = ch.last_good_commit_id"
+    "  AND cf.first_bad_commit_id = ch.first_bad_commit_id"
 )
 _NEWEST_FIRST = " ORDER BY b.seq DESC NULLS LAST, b.committed_at DESC NULLS LAST, ch.change_id DESC"
 
@@ -460,6 +469,22 @@ def list_changes(store: Store, limit: int = 1000) -> pd.DataFrame:
     """Every confirmed change (up to `limit`), newest first (by the first bad commit's
     first-parent order), with its series' names, both commits' facts and its diagnosis."""
     return _with_diagnosis(store.con.execute(_CHANGES + _NEWEST_FIRST + " LIMIT ?", [limit]).df())
+
+
+_, _CONFIRM_ENGINE, _CONFIRM_DEVICE, _ = series_names_sql("cf", "p")
+
+
+def list_dismissed_confirmations(store: Store, limit: int = 100) -> pd.DataFrame:
+    """Suspected changes that their interleaved re-runs did not confirm (ingest/runs/confirm.py),
+    newest first: series names, both commits, the re-runs, the host and the noise model's verdict."""
+    return store.con.execute(
+        f"SELECT cf.confirmation_id, p.name AS repo, {_CONFIRM_ENGINE} AS engine,"
+        f" {_CONFIRM_DEVICE} AS device, coalesce(cf.variant, '') AS variant,"
+        " g.sha AS last_good_sha, b.sha AS first_bad_sha, coalesce(b.subject, '') AS first_bad_subject,"
+        " cf.reruns, cf.host, cf.verdict, cf.summary, cf.judged_at"
+        " FROM confirmations cf JOIN repos p ON p.repo_id = cf.repo_id"
+        " JOIN commits g ON g.commit_id = cf.last_good_commit_id JOIN commits b ON b.commit_id = cf.first_bad_commit_id"
+        " WHERE cf.state = 'dismissed' ORDER BY cf.judged_at DESC, cf.confirmation_id DESC LIMIT ?", [limit]).df()
 
 
 def list_series_changes(store: Store, repo: str, engine: str, device: str, workload_id: str) -> pd.DataFrame:

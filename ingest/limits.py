@@ -54,3 +54,12 @@ USER_FILE_MAX_BYTES = 1 << 20
 # how deep tables and arrays may nest in such a file: a spec's deepest field is 3 levels
 # (workload.<key>.<list>); a 600-deep TOML made tomllib raise RecursionError (a traceback)
 USER_FILE_MAX_DEPTH = 32
+
+# -- re-runs that confirm a suspected change (ingest/runs/confirm.py): its last good and first bad
+# commit re-run interleaved, A B A B, on the spec's host (Pinpoint, `asv continuous`). With the
+# original run a side, 2 pairs make 3 runs a commit: 4 degrees of freedom of repeats, twice
+# noise.MIN_SPREAD_DOF, so the pooled runs always carry their own spread
+CONFIRM_PAIRS = 2
+# confirmations a series gets at most, ever (each one window, re-run once): a re-run moves a change
+# point at most so often before the series is left to people; 4 windows are 16 runs
+MAX_CONFIRMATIONS_PER_SERIES = 4

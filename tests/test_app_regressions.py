@@ -33,6 +33,8 @@ def test_the_planted_regression_with_its_size_commit_and_diagnosis(dashboard_db,
     assert at.caption[2].value == (f"glm5 · batch 1 · context 2048 · CUDA graph — reference on NVIDIA H200 "
                                    f"({KV_REPO}) · main · 2 unmeasured commits between the last good and the "
                                    "first bad commit; bisecting: 0 runs so far.")
+    # how it was judged: the fixture's bundles were imported (no spec), so nothing can re-run them
+    assert at.caption[3].value == "Suspected: imported runs cannot be re-run: run them with a spec to confirm."
     inside = at.markdown[2].value.splitlines()
     assert inside[0].startswith("- **step ms** :orange[suspected regression] · 7.383 ms -> 73.418 ms (**9.9x**")
     # the kernels of the event inside its card: the cast kernel added, the gather-cast kernel removed

@@ -23,11 +23,54 @@ from app.markdown_text import Markdown, format_markdown, format_markdown_list
 from app.widgets import select_in_url
 from db import views
 from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
+from ingest.regress.noise import TOO_NOISY
 
 st.title("Regressions")
 st.caption("Change points along a series' commits, one card each with every metric and kernel that moved there. "
            "The run is the sample: a change is confirmed only beyond the run-to-run spread of its own series.")
-changes, series = data.load_all((views.list_changes,), (views.list_series,))
+changes, series, dismissed = data.load_all((views.list_changes,), (views.list_series,),
+                                           (views.list_dismissed_confirmations,))
+
+
+def _reruns(n, host) -> str:
+    return f"{int(n)} interleaved re-run{'s' if int(n) != 1 else ''} on {host}"
+
+
+def describe_confirmation(change) -> str:
+    """How the card's change was confirmed, or why it is only suspected: its window's interleaved
+    re-runs (ingest/runs/confirm.py), else the series' own spread, else what stops a verdict."""
+    state = change.confirm_state if isinstance(change.confirm_state, str) else None
+    if change.direction in ("added", "removed") and state != "dismissed":
+        return "Exact: a kernel's calls per step need no re-run."
+    if state == "confirmed":
+        return f"Confirmed by {_reruns(change.confirm_reruns, change.confirm_host)}."
+    if state == "queued":
+        return f"Suspected: {_reruns(change.confirm_reruns, change.confirm_host)} queued to confirm it."
+    if state == "failed":
+        return f"Suspected: its {_reruns(change.confirm_reruns, change.confirm_host)} gave no verdict (failed jobs)."
+    if state == "dismissed":
+        what = "too noisy" if change.confirm_verdict == TOO_NOISY else "within noise"
+        return (f"Its speed change was not confirmed by re-runs: {what} "
+                f"({_reruns(change.confirm_reruns, change.confirm_host)}).")
+    if change.status == "confirmed":
+        return f"Confirmed against the run-to-run spread of its series (from its {change.noise_source})."
+    if not isinstance(change.first_bad_spec_engine, str) or change.first_bad_spec_engine == "import":
+        return "Suspected: imported runs cannot be re-run: run them with a spec to confirm."
+    return "Suspected: not re-run yet (the worker re-runs both commits interleaved after a job of its series)."
+
+
+def _show_dismissed() -> None:
+    """The suspected changes that their re-runs did not confirm: one line each."""
+    if dismissed.empty:
+        return
+    st.subheader("Not confirmed by re-runs")
+    for d in dismissed.itertuples():
+        what = "too noisy" if d.verdict == TOO_NOISY else "within noise"
+        st.caption(format_markdown("{} {} · {:code} -> {:code} {} · not confirmed by re-runs: {} ({})", d.repo,
+                                   d.variant or "—", d.last_good_sha[:7], d.first_bad_sha[:7], d.first_bad_subject,
+                                   what, _reruns(d.reruns, d.host)))
+
+
 if changes.empty:
     checked = series[series["commits"] >= 2]
     if checked.empty:
@@ -43,6 +86,7 @@ if changes.empty:
                    f"{'s' if checked['fewest_samples'].min() > 1 else ''}: too few for the test to confirm a change "
                    "at that level; profile more steps (or time steps without the profiler) for a verdict."
                    if checked["fewest_samples"].min() < 5 else ""))
+    _show_dismissed()
     st.stop()
 
 series_names = {r.series_id: f"{describe_series(r.repo, r.engine, r.device, r.workload_key)} · {r.variant or '—'}"
@@ -92,6 +136,7 @@ for event in events:
                                     change.first_bad_author or "unknown author", last, change.last_good_sha[:7]))
         st.caption(format_markdown("{} · {}", series_names[change.series_id],
                                    describe_between(change.commits_between, change.bisect_runs, last, first)))
+        st.caption(describe_confirmation(change))
         if event["metrics"] or event["kernels"]:
             st.markdown(Markdown("\n".join(f"- {_line(r)}" for r in event["metrics"] + event["kernels"])))
         st.page_link("screens/compare.py", label=f"Compare the {last} and the {first} run",
@@ -102,3 +147,5 @@ for event in events:
         if diagnosis:
             with st.expander("Diagnosis"):
                 st.markdown(format_markdown_list(finding["text"] for finding in diagnosis))
+
+_show_dismissed()

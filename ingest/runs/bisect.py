@@ -2,7 +2,12 @@
 first-parent commits between them gets the middle one queued (the same spec, another ref), as
 `git bisect` would pick it; each result narrows the window until the first bad commit is next
 to the last good one. Only runs that came from a job can be bisected (the job holds the spec).
-The runs it costs are counted per series (jobs in the batch "bisect <series>")."""
+The runs it costs are counted per series (jobs in the batch "bisect <series>").
+
+Each step follows the noise model's rule: the change is re-detected from all runs (the commits of
+each side pooled, the series' spread), and only a confirmed one is bisected further. A step whose
+speed change is only suspected (no spread to judge it by) is re-run first, its two commits
+interleaved on the spec's host (confirm.py, planned by the worker before the bisect)."""
 
 from __future__ import annotations
 

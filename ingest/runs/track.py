@@ -26,7 +26,14 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from db.series import list_series_runs, list_step_categories, replace_changes, stored_series
+from db.series import (
+    list_confirmations,
+    list_series_runs,
+    list_step_categories,
+    record_confirmation_verdict,
+    replace_changes,
+    stored_series,
+)
 from db.store import open_db
 from db.views import get_series_of_run, list_series
 
@@ -144,6 +151,7 @@ class SeriesData:
     kernels: dict
     facts: dict  # run id -> RunFacts
     exact_counts: bool = True  # workload recorded, commit order known: a kernel's calls per step is exact from one run
+    confirmations: tuple = ()  # db.series.list_confirmations: windows re-run interleaved (confirm.py)
 
 
 def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -> SeriesData | None:
@@ -162,7 +170,8 @@ def load_series(store, series: dict, seq_range: tuple[int, int] | None = None) -
         kernels[rid] = k
     # counts are exact along a known order only: a commit without its first-parent place sorts last
     exact = bool(series.get("workload_key")) and bool(points["seq"].notna().all())
-    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts, exact)
+    return SeriesData(points, list_step_categories(store, run_ids), kernels, facts, exact,
+                      tuple(list_confirmations(store, series)))
 
 
 def detect_series_changes(data: SeriesData | None) -> list[dict]:
@@ -196,7 +205,58 @@ def detect_series_changes(data: SeriesData | None) -> list[dict]:
                                            "unexplained_ms": explanation.unexplained_ms})
                 row["diagnosis"] = [asdict(f) for f in diagnose_change(before, after, explanation, bad["sha"])]
             rows.append(row)
-    return rows
+    return apply_confirmations(rows, data, judge_confirmations(data))
+
+
+# the metrics a confirmation's verdict speaks for: a dismissed window drops them; structural facts
+# (a kernel's calls per step, a kernel added or removed) are exact and stay
+def _judged_by_runs(row: dict) -> bool:
+    return not row["metric"].startswith("kernel:calls_per_step:") and row["direction"] not in ("added", "removed")
+
+
+def judge_confirmations(data: SeriesData | None) -> list[dict]:
+    """The verdict on each confirmation of the series whose re-runs are all in and that is not yet
+    judged: all the step-time runs of its last good commit A against those of its first bad commit
+    B, pooled (ingest.regress.noise.judge), with the series' spread (its repeats: the re-runs give
+    them). {"confirmation_id", "state": confirmed | dismissed | failed (no runs to judge, or no
+    spread: re-runs that failed), "verdict", "summary"} each. Pure."""
+    if data is None or not data.confirmations:
+        return []
+    commits = _commit_points(data.points)
+    by_run = data.points.set_index("run_id")
+    values = [[float(by_run.at[r, "step_ms"]) for r in run_ids if pd.notna(by_run.at[r, "step_ms"])]
+              for run_ids in commits["run_ids"]]
+    floors = [f for f in (step_floor(s) for s in commits["step_ms_samples"]) if f is not None]
+    spread = estimate_spread(values, floor=float(np.median(floors)) if floors else None)
+    where = {int(c): i for i, c in enumerate(commits["commit_id"])}
+    judged = []
+    for cf in data.confirmations:
+        if cf["state"] != "queued" or cf["pending"]:
+            continue
+        i, j = where.get(int(cf["last_good_commit_id"])), where.get(int(cf["first_bad_commit_id"]))
+        verdict = judge(values[i] if i is not None else [], values[j] if j is not None else [], spread)
+        if verdict.changed:
+            state = "confirmed"
+        elif verdict.verdict == NOT_ENOUGH:
+            state = "failed"
+        else:
+            state = "dismissed"
+        judged.append({"confirmation_id": int(cf["confirmation_id"]), "state": state, "verdict": verdict.verdict,
+                       "summary": verdict.describe()})
+    return judged
+
+
+def apply_confirmations(rows: list[dict], data: SeriesData, judged: list[dict]) -> list[dict]:
+    """The change rows less those a confirmation dismissed: at a window whose interleaved re-runs
+    came out within noise (or too noisy), the rows the runs judge (speed, copy share, categories,
+    a kernel's ms) go; a kernel's exact facts (calls per step, added, removed) stay. How the
+    others were confirmed is the confirmations table's, joined where pages read changes
+    (db.views). Pure."""
+    states = {j["confirmation_id"]: j["state"] for j in judged}
+    dismissed = {(int(cf["last_good_commit_id"]), int(cf["first_bad_commit_id"])) for cf in data.confirmations
+                 if states.get(cf["confirmation_id"], cf["state"]) == "dismissed"}
+    return [r for r in rows if not ((r["last_good_commit_id"], r["first_bad_commit_id"]) in dismissed
+                                    and _judged_by_runs(r))]
 
 
 def judge_changes(metric: str, higher: bool, points: list[Point], run_values: list[list[float]],
@@ -303,8 +363,9 @@ def track_changes(store, repo: str | None = None, seq_range: tuple[int, int] | N
     series_rows = list(only) if only is not None else list_tracked_series(store, repo)
     found = []
     for s in series_rows:
-        rows = analyse_series(store, s, seq_range)
-        replace_changes(store, s, rows)
+        data = load_series(store, s, seq_range)
+        rows = detect_series_changes(data)
+        write_series_changes(store, s, rows, judge_confirmations(data) if seq_range is None else [])
         found += [{**stored_series(s), **r} for r in rows]
     return found
 
@@ -329,7 +390,7 @@ def _follow(db_path: str, pick: Callable, db_call: Callable | None) -> list[dict
     found = []
     for series, data in call(_load_series, db_path, pick):
         rows = run_as_batch(detect_series_changes, data)  # seconds of CPU on a loaded machine
-        call(_write_changes, db_path, series, rows)
+        call(_write_changes, db_path, series, rows, judge_confirmations(data))
         found += [{**stored_series(series), **r} for r in rows]
     return found
 
@@ -347,6 +408,13 @@ def _load_series(db_path: str, pick: Callable) -> list[tuple[dict, SeriesData | 
         return [(series, load_series(store, series)) for series in pick(store)]
 
 
-def _write_changes(db_path: str, series: dict, rows: list[dict]) -> None:
+def write_series_changes(store, series: dict, rows: list[dict], judged: list[dict]) -> None:
+    """Store a series' changes and the verdicts of its confirmations that are now judged."""
+    replace_changes(store, series, rows)
+    for j in judged:
+        record_confirmation_verdict(store, j["confirmation_id"], j["state"], j["verdict"], j["summary"])
+
+
+def _write_changes(db_path: str, series: dict, rows: list[dict], judged: list[dict]) -> None:
     with open_db(db_path) as store:
-        replace_changes(store, series, rows)
+        write_series_changes(store, series, rows, judged)

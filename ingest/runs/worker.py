@@ -40,6 +40,7 @@ from ..limits import MAX_ATTEMPTS
 from ..traces.categories import Rule
 from ..traces.importer import ImportOptions
 from .bisect import plan_bisects
+from .confirm import plan_confirmations
 from .connect import make_host_for
 from .engines.base import Checkout, EngineIO
 from .engines.registry import ENGINES
@@ -181,14 +182,17 @@ def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) 
 
 
 def follow_changes(db_path: str, run_ids: list[int], config: Config, say: Callable[[str], None]) -> None:
-    """Re-detect changes in the series of new runs (each series once) and queue bisect runs; a
-    failure here is said, it does not fail the job that produced a good run."""
+    """Re-detect changes in the series of new runs (each series once), queue the interleaved
+    re-runs that confirm a suspected change (confirm.py; never for a confirmation's own runs) and
+    bisect runs of confirmed ones; a failure here is said, it does not fail the job that produced
+    a good run."""
     try:
         for row in follow_runs(db_path, run_ids):  # no connection held while it detects
             if row["metric"] in ("tok_per_s", "step_ms"):
                 say(f"change: {row['repo']} {row['variant'] or 'no variant'}: {row['metric']} {row['direction']} "
                     f"{row['rel_change']:+.1%} (p={row['p_value']:.2g}), {row['commits_between']} unmeasured commits "
                     "between")
+        plan_confirmations(db_path, config, run_ids, say)
         plan_bisects(db_path, config, say)  # git runs with no connection open
     except Exception as e:  # noqa: BLE001
         say(f"change tracking failed: {type(e).__name__}: {e}")
