@@ -125,7 +125,6 @@ elif not same_work:
     st.warning("Runs A and B measured different workloads or GPUs, so their differences are not only the code's.")
 
 samples_a, samples_b = comparison["samples_a"], comparison["samples_b"]
-spread = comparison["spread"]
 values = comparison["series_values"]
 if by == "two commits":  # a commit pools all its runs of the variant
     runs_a, runs_b = ([int(r) for r in values.loc[(values["sha"] == run["sha"]) & (values["variant"] == (
