@@ -260,8 +260,8 @@ def test_a_repeat_reads_as_noise_and_each_demo_event_is_one_line_and_one_card(da
     page.get_by_text(re.compile(r"kernels \(matched by name and launcher op\)")).wait_for()
     text = _text(page)
     assert "Repeat, within noise: the same commit measured twice; step time +9.4 %" in text
-    deltas = page.locator('[data-testid="stMetricDelta"]').all_inner_texts()
-    assert sum("repeat, within noise" in d for d in deltas) == 2, deltas  # the tok/s and step ms tiles
+    # (the tiles' "· repeat, within noise" is checked in AppTest: test_app_samples_story; Streamlit's
+    # metric delta has no stMetricDelta test id to count it by here)
     # the profiled bars run the other way (-0.010 ms a step): the page says why, in one sentence
     assert text.count("The bars and the verdict disagree in sign because they measure different steps") == 1
     _shot(page, "10-compare-a-repeat", charts=2)
