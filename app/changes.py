@@ -241,3 +241,64 @@ def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFra
 def finite_or_none(x) -> float | None:
     """A number as a float; None for None or NaN (a spread a kernel row or a category lacks)."""
     return float(x) if x is not None and not pd.isna(x) else None
+
+
+def kernel_of_metric(metric: str) -> str:
+    """The kernel a 'kernel:<field>:<name>\\x1f<launcher>\\x1f<source>' metric names, shortened
+    as the diagnosis shortens it ('' for a metric of no kernel)."""
+    if not metric.startswith("kernel:"):
+        return ""
+    return shorten_kernel_name(metric.removeprefix("kernel:").partition(":")[2].partition("\x1f")[0])
+
+
+def describe_event_line(event: dict):
+    """One change point (a group_events item) as one Markdown line: 'Confirmed at d445ae3 in
+    demo (default): **tok/s -89.8 % (132.31 tok/s -> 13.52 tok/s)**; also step ms 9.8x, cast ms
+    per step 166.1x (confirmed: 4 and 4 runs, ...); kernels added `a`, removed `b` (exact: 4 and 6
+    runs) · [all changes](regressions)'. An event of kernels only (calls per step) leads with them."""
+    head = event["head"]
+    kernels = ([head] if head.metric.startswith("kernel:") else []) + list(event["kernels"])
+    also = [f"{describe_metric(r.metric)} {format_rel_change(r.rel_change)}" for r in event["metrics"]]
+    parts = []
+    for direction in ("added", "removed"):
+        names = list(dict.fromkeys(kernel_of_metric(r.metric) for r in kernels if r.direction == direction))
+        if names:
+            parts.append(format_markdown(f"{direction} " + ", ".join(["{:code}"] * len(names)), *names))
+    moved = [f"{describe_metric(r.metric)} {format_rel_change(r.rel_change)}" for r in kernels
+             if r.direction not in ("added", "removed")]
+    lead = (format_markdown("**{}**", describe_change(head)) if not head.metric.startswith("kernel:")
+            else format_markdown(""))
+    line = format_markdown("{} at {} in {} ({}): ", "Confirmed" if head.status == "confirmed" else "Suspected",
+                           head.first_bad_short_sha, head.repo, head.variant or "no variant") + lead
+    if also:
+        line += format_markdown("; also {}", ", ".join(also))
+    if not head.metric.startswith("kernel:"):
+        line += format_markdown(" ({})", describe_evidence(head))
+    if parts or moved:
+        line += ("; kernels " if lead else "kernels ") + ", ".join([*parts, *(format_markdown("{}", m) for m in moved)])
+        line += format_markdown(" ({})", describe_evidence(kernels[0]))
+    return line + " · [all changes](regressions)"
+
+
+def pool_run(run: dict, step_ms: float | None) -> dict:
+    """A run's overview (Store.get_run) with its step ms replaced by a side's pooled value (the
+    verdict's geometric mean of the side's runs) and its tok/s with it (tok/s is tokens over step
+    time: scaled by the run's step ms over the pooled one). The run as it is when either is missing."""
+    if step_ms is None or not run.get("step_ms"):
+        return run
+    tok = run.get("tok_per_s")
+    return {**run, "step_ms": step_ms, "tok_per_s": tok * run["step_ms"] / step_ms if tok else tok}
+
+
+def describe_bars_against_verdict(profiled_delta_ms: float, verdict, source: str | None) -> str | None:
+    """The one sentence Compare says when the category bars (the profiled steps of run A and run
+    B, summed) and the step-time verdict (ingest.regress.noise: each side's runs pooled, their
+    timed steps, else profiled) move in opposite directions; None when they agree (or either is 0)."""
+    if not verdict.rel or not profiled_delta_ms or (profiled_delta_ms > 0) == (verdict.rel > 0):
+        return None
+    basis = "timed without the profiler" if source == "timed" else "profiled"
+    runs = f"{verdict.n_a} and {verdict.n_b} run{'s' if verdict.n_a + verdict.n_b != 2 else ''}"
+    return (f"The bars and the verdict disagree in sign because they measure different steps: the bars are run A's and "
+            f"run B's profiled steps ({profiled_delta_ms:+,.3f} ms a step), the verdict the steps {basis} of {runs} "
+            f"({100 * verdict.rel:+.1f} %); the verdict's \"{verdict.verdict}\" is the one that counts, the bars say "
+            "where the time went.")

@@ -3,9 +3,13 @@ Nothing here reads the database or calls Streamlit; tests check them through `ch
 
 from __future__ import annotations
 
+import math
+
 import altair as alt
+import numpy as np
 import pandas as pd
 
+from ingest.regress.noise import estimate_spread
 from ingest.regress.uncertainty import WITHIN_NOISE, compare_means
 
 from .changes import describe_change, finite_or_none
@@ -69,12 +73,17 @@ _RELATIVE = [("tok_per_s", "tok_per_s"), ("tok_per_s_low", "tok_per_s"), ("tok_p
              ("extra_ms", "extra_ms")]
 
 
+def _first_commit_bases(runs: pd.DataFrame) -> dict[str, pd.Series]:
+    """Each field's baseline per variant: its mean at the variant's first commit shown."""
+    first = runs[runs["commit_order"] == runs.groupby("variant")["commit_order"].transform("min")]
+    return {field: first.groupby("variant")[field].mean() for field in {b for _, b in _RELATIVE} if field in runs}
+
+
 def against_first_commit(runs: pd.DataFrame, markers: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """runs and markers with tok/s, step ms (and their spreads) and extra_ms as the change
     against each variant's mean at its first commit shown (0.05 = 5 % more)."""
     runs = runs.copy()
-    first = runs[runs["commit_order"] == runs.groupby("variant")["commit_order"].transform("min")]
-    bases = {field: first.groupby("variant")[field].mean() for field in {b for _, b in _RELATIVE} if field in runs}
+    bases = _first_commit_bases(runs)
     for field, base in _RELATIVE:
         if field in runs and base in bases:
             runs[field] = runs[field] / runs["variant"].map(bases[base]) - 1
@@ -86,13 +95,65 @@ def against_first_commit(runs: pd.DataFrame, markers: pd.DataFrame) -> tuple[pd.
     return runs, markers.dropna(subset=["after_value"])
 
 
+def pooled_against_first_commit(pooled: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """pool_commits' frame with level, low and high as the change against the variant's mean at
+    its first commit shown (`runs`: before against_first_commit), as against_first_commit does."""
+    bases = _first_commit_bases(runs)
+    pooled = pooled.copy()
+    for metric in POOLED_METRICS:
+        mine = pooled["metric"] == metric
+        base = pooled.loc[mine, "variant"].map(bases[metric])
+        for column in ("level", "low", "high"):
+            pooled.loc[mine, column] = pooled.loc[mine, column] / base - 1
+    return pooled
+
+
+POOLED_METRICS = ("tok_per_s", "step_ms")
+
+
+def pool_commits(trend: pd.DataFrame) -> pd.DataFrame:
+    """Each commit's pooled value of each variant (get_trend's frame), as the noise model
+    (ingest.regress.noise) pools a commit: the level is the geometric mean of its runs' values
+    (exp of the mean log), its 95 % interval exp(mean log +- t95(dof) * sigma / sqrt(runs)), sigma
+    the variant's between-run spread over the runs given (estimate_spread: its repeats, else its
+    history; the same sigma for tok/s, which is tokens over step time). With no spread estimate
+    there is no interval (low, high missing). One row per commit, variant and metric (POOLED_METRICS):
+    commit_order, variant, short_sha, metric, runs, level, low, high, spread (its description)."""
+    from scipy.stats import t as student_t
+
+    rows = []
+    for variant, runs in trend.sort_values(["commit_order", "run_id"]).groupby("variant", sort=True):
+        commits = list(runs.groupby("commit_order", sort=True))
+        spread = estimate_spread([g["step_ms"].dropna().to_numpy(dtype=float) for _, g in commits])
+        t95 = float(student_t.ppf(0.975, max(spread.dof, 1.0))) if spread.sigma is not None else None
+        for order, g in commits:
+            for metric in POOLED_METRICS:
+                x = g[metric].dropna().to_numpy(dtype=float)
+                x = x[np.isfinite(x) & (x > 0)]
+                if not x.size:
+                    continue
+                mean, n = float(np.log(x).mean()), int(x.size)
+                half = t95 * spread.sigma / math.sqrt(n) if t95 is not None else None
+                rows.append({"commit_order": order, "variant": variant, "short_sha": g["short_sha"].iloc[0],
+                             "metric": metric, "runs": n, "level": math.exp(mean),
+                             "low": math.exp(mean - half) if half is not None else None,
+                             "high": math.exp(mean + half) if half is not None else None,
+                             "spread": spread.describe()})
+    out = pd.DataFrame(rows, columns=["commit_order", "variant", "short_sha", "metric", "runs", "level", "low", "high",
+                                      "spread"])
+    out[["low", "high"]] = out[["low", "high"]].astype(float)
+    return out
+
+
 def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_width: int = 600,
                 panel_height: int = 96, mode: str = "linear", extra: pd.DataFrame | None = None,
                 extra_title: str = "") -> alt.VConcatChart:
     """tok/s (with the p10..p90 step spread as error bars), copy-kernel share and step ms, one
     line per variant, on one commit axis in first-parent order (the x axis is the commit's
     place, labelled by commit_axis_labels; drag or scroll to zoom it, double-click to reset).
-    Each point is a run; a line goes through the mean of a commit's runs. Clicking a tok/s
+    Each point is a run; in the tok/s and step ms panels a line goes through each commit's pooled
+    value (pool_commits: the noise model's level over its runs) and a wide pale bar spans its 95 %
+    interval (none without a run-to-run spread); copy share's line is the mean. Clicking a tok/s
     point selects its run. Each confirmed change of the panel's metric (`changes`:
     list_series_changes' frame) is a rule at its first bad commit with a diamond at its value
     after, red for a regression and green for an improvement, drawn under the points.
@@ -106,7 +167,9 @@ def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_
         runs = runs.merge(extra.rename(columns={"ms_per_step": "extra_ms"}), on="run_id", how="left")
     markers = change_markers(runs, changes) if changes is not None else change_markers(runs, _NO_CHANGES)
     relative = mode == "baseline"
+    pooled = pool_commits(trend)
     if relative:
+        pooled = pooled_against_first_commit(pooled, runs)
         runs, markers = against_first_commit(runs, markers)
     labels = commit_axis_labels(runs)
     label_expr = "[" + ", ".join(repr(v) for v in labels) + "][datum.value] || ''"
@@ -123,6 +186,14 @@ def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_
                alt.Tooltip("run_id:Q", title="run")]
     if extra is not None:
         tooltip.insert(-1, alt.Tooltip("extra_ms:Q", title=extra_title, format="+.1%" if relative else ",.3f"))
+    value_format = "+.1%" if relative else ",.3f"
+    pooled_tooltip = [alt.Tooltip("short_sha:N", title="commit"), alt.Tooltip("variant:N", title="variant"),
+                      alt.Tooltip("runs:Q", title="runs pooled"),
+                      alt.Tooltip("level:Q", title="pooled (geometric mean)" + (" vs first" if relative else ""),
+                                  format=value_format),
+                      alt.Tooltip("low:Q", title="95 % interval from", format=value_format),
+                      alt.Tooltip("high:Q", title="95 % interval to", format=value_format),
+                      alt.Tooltip("spread:N", title="run-to-run spread")]
     change_tooltip = [alt.Tooltip("direction:N", title="confirmed"), alt.Tooltip("change:N", title="change"),
                       alt.Tooltip("variant:N", title="variant"), alt.Tooltip("commit_label:N", title="first bad"),
                       alt.Tooltip("commits_between:Q", title="unmeasured commits before"),
@@ -142,12 +213,20 @@ def trend_chart(trend: pd.DataFrame, changes: pd.DataFrame | None = None, panel_
         log = mode == "log" and ratio
         scale = alt.Scale(type="log" if log else "linear", zero=False if (log or relative) else alt.Undefined)
         fmt = "+.0%" if relative and ratio else axis_format
-        line = base.mark_line(strokeWidth=2).encode(y=alt.Y(f"mean({field}):Q", title=title, scale=scale,
-                                                            axis=alt.Axis(format=fmt)))
+        y_axis = alt.Y(f"mean({field}):Q", title=title, scale=scale, axis=alt.Axis(format=fmt))
+        line = base.mark_line(strokeWidth=2).encode(y=y_axis)
         points = base.mark_point(filled=True, size=60).encode(y=alt.Y(f"{field}:Q", scale=scale), tooltip=tooltip)
         if selectable:
             points = points.encode(size=alt.condition(pick, alt.value(100), alt.value(60))).add_params(pick, zoom)
         layers = [line, points]
+        level = pooled[pooled["metric"] == field]
+        if len(level):  # the line through each commit's pooled value, a wide pale bar its 95 % interval
+            at = alt.Chart(level).encode(x=x, color=colour, tooltip=pooled_tooltip)
+            line = at.mark_line(strokeWidth=2).encode(y=alt.Y("level:Q", title=title, scale=scale,
+                                                              axis=alt.Axis(format=fmt)))
+            interval = at.transform_filter("isValid(datum.low)").mark_rule(strokeWidth=9, opacity=0.3).encode(
+                y=alt.Y("low:Q", scale=scale), y2=alt.Y2("high:Q"))
+            layers = [interval, line, points]
         if spread is not None:
             layers.insert(0, base.mark_rule(strokeWidth=2, opacity=0.6).encode(
                 y=alt.Y(f"{spread[0]}:Q", scale=scale), y2=alt.Y2(f"{spread[1]}:Q"), tooltip=tooltip))

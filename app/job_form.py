@@ -5,11 +5,14 @@ import's path), so that the page never waits on a remote machine. What only git 
 tell (an unknown ref, a dead host, no GPU) fails the queued job within seconds, in the worker,
 and shows in the page's job list.
 
-- One ref (or none: HEAD) queues one run spec a variant x execution mode, as they are.
+- One ref (or none: HEAD) queues one run spec a variant x execution mode, as they are; with a
+  repeat count N (1 to ingest.limits.MAX_REPEATS) each N times, each its own job and run, in
+  rounds (A B A B: a host's drift falls on every variant alike), as `ingest run --repeat` does.
 - A range `A..B` queues one range job (spec.RangeSpec): the runs without a ref, the range and
   every K; the worker lists B's first-parent history after A (every K-th commit, always B),
   records the commits and queues one job a commit x run, in this plan's batch (ingest/runs/
-  expand.py), the specs `python -m ingest backfill` queues. Both ends are checked for spelling
+  expand.py), the specs `python -m ingest backfill` queues. A repeat count N lists the runs N
+  times, in rounds: N jobs a commit x run, a commit's jobs next to each other. Both ends are checked for spelling
   here, and a range whose checkout cannot be anywhere is refused here.
 - Code runs only from a repository the config names, or this checkout for the reference engine:
   any other repo (a name the config lacks, the path of some other checkout) is refused here with
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ingest.limits import MAX_REPEATS
 from ingest.runs.errors import SpecError
 from ingest.runs.spec import (Config, RangeSpec, RunSpec, check_commits, find_code_problem, parse_job_spec, parse_spec,
                               place_at_commit)
@@ -40,6 +44,7 @@ class FormInput:
     workload: dict = field(default_factory=dict)  # the other workload fields; blanks are left out
     path: str = ""  # import engine
     timeout_s: float = 3600.0
+    repeat: int = 1  # runs of each job (1 to MAX_REPEATS), each its own job
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ def _plan_range_job(form: FormInput, config: Config, runs: list[dict], batch: st
     parse_job_spec(json.loads(expand.to_json()), config)  # what the worker will read, refused here if it would be
     every = f" every {form.every}" if ".." in text and form.every > 1 else ""
     variants = ", ".join(dict.fromkeys(p.describe_variant() for p in probes))
+    variants += f" x {form.repeat} repeats" if form.repeat > 1 else ""
     what = probes[0].workload.preset or probes[0].workload.model_path or "?"
     label = (f"{form.engine} {what} {variants} {form.repo or 'stepwatch'}@{text or 'HEAD'}{every} "
              f"on {form.host}/{form.device}")
@@ -106,6 +112,11 @@ def plan_jobs(form: FormInput, config: Config) -> JobPlan:
     (parse_spec, the range's spelling); raises SpecError with the reason before anything is
     queued."""
     text = form.commits.strip()
+    if isinstance(form.repeat, bool) or not isinstance(form.repeat, int) or not 1 <= form.repeat <= MAX_REPEATS:
+        raise SpecError(f"repeat: {form.repeat!r}: must be a whole number from 1 to {MAX_REPEATS} (MAX_REPEATS, "
+                        "ingest/limits.py)")
+    if form.engine == "import" and form.repeat != 1:
+        raise SpecError(f"repeat: {form.repeat}: an import reads one trace once; repeat a run, not an import")
     if form.engine == "import":
         body = {"engine": "import", "host": form.host, "device": form.device, "path": form.path.strip() or None,
                 "repo": form.repo or None, "ref": text or None, "timeout_s": form.timeout_s}
@@ -117,10 +128,12 @@ def plan_jobs(form: FormInput, config: Config) -> JobPlan:
         raise SpecError("execution: choose eager, CUDA graph or both")
     if form.repo:
         find_code_problem(form.engine, form.repo, None, config)
-    runs = [_build_run_body(form, variant, graph) for variant in form.variants for graph in form.cuda_graph]
+    runs = [_build_run_body(form, variant, graph) for _ in range(form.repeat)
+            for variant in form.variants for graph in form.cuda_graph]  # repeats in rounds
     if ".." in text:
-        return _plan_range_job(form, config, runs, f"form {form.engine} {text} every {form.every}")
-    batch = f"form {form.engine} {text or 'HEAD'}"
+        return _plan_range_job(form, config, runs, f"form {form.engine} {text} every {form.every}"
+                               + (f" x {form.repeat} repeats" if form.repeat > 1 else ""))
+    batch = f"form {form.engine} {text or 'HEAD'}" + (f" x {form.repeat} repeats" if form.repeat > 1 else "")
     specs = [parse_spec(place_at_commit(body, form.repo or None, text or None), config) for body in runs]
     return JobPlan([(s.to_json(), s.describe()) for s in specs], batch, specs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ingest.limits import MAX_REPEATS
 from ingest.runs.spec import WORKLOAD_MAXIMA as MAX
 from ingest.runs.spec import Config
 from kernels.names import KV_STRATEGIES
@@ -25,10 +26,14 @@ def _common(config: Config) -> dict:
 
 
 def _commits() -> dict:
-    left, right = st.columns([3, 1])
+    left, middle, right = st.columns([3, 1, 1])
     return dict(commits=left.text_input("Commit or range", placeholder="HEAD, a sha, a tag, or A..B (one job a commit)",
                                               key="commits"),
-                every=int(right.number_input("Range: every K-th commit", min_value=1, value=1, key="every")))
+                every=int(middle.number_input("Range: every K-th commit", min_value=1, value=1, key="every")),
+                repeat=int(right.number_input(
+                    "Repeats", min_value=1, max_value=MAX_REPEATS, value=1, key="repeat",
+                    help="runs of each job, each its own process: a commit's repeats give the run-to-run spread "
+                         f"its verdicts need (at most {MAX_REPEATS}, MAX_REPEATS in ingest/limits.py)")))
 
 
 def ask_reference(config: Config) -> FormInput:

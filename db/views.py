@@ -41,15 +41,19 @@ def list_series(store: Store, repo: str | None = None) -> pd.DataFrame:
     the most runs first: its names, batch size, workload key ('' for none), runs, commits
     measured, variants ('' for none) and the fewest step samples a run of it has (its steps timed
     without the profiler, else its profiled steps)."""
+    # grouped by the coalesced columns first, then named: db.series' md5 once a series, not once a run
+    # (at 100,000 runs the per-run md5 was most of this query); md5(key) is a function of the key, so
+    # the groups are the same
     return store.con.execute(
-        "SELECT repo, engine, device, batch_size, workload_id, workload_key, runs, commits, variants,"
-        " fewest_samples FROM ("
-        f"  SELECT {_SERIES_NAMES}, r.batch_size, coalesce(r.workload_key, '') AS workload_key,"
+        "SELECT repo, engine, device, batch_size, workload_id, workload_key, runs, commits, variants, fewest_samples"
+        f" FROM (SELECT {series_columns_sql('g', 'g')}, g.* EXCLUDE (name, engine) FROM ("
+        "  SELECT coalesce(p.name, '') AS name, coalesce(r.engine, '') AS engine,"
+        "   coalesce(r.device_name, '') AS device_name, coalesce(r.workload_key, '') AS workload_key, r.batch_size,"
         "   count(*) AS runs, count(DISTINCT r.commit_id) AS commits,"
         "   list(DISTINCT coalesce(r.variant, '') ORDER BY coalesce(r.variant, '')) AS variants,"
         "   min(coalesce(json_array_length(r.manifest->'$.timing.step_ms'), r.steps)) AS fewest_samples"
         "  FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
-        "  WHERE r.commit_id IS NOT NULL AND (? IS NULL OR p.name = ?) GROUP BY ALL)"
+        "  WHERE r.commit_id IS NOT NULL AND (? IS NULL OR p.name = ?) GROUP BY ALL) g)"
         " ORDER BY runs DESC, repo, engine, device, workload_id",
         [repo, repo],
     ).df()
@@ -138,14 +142,17 @@ def pick_run_at(trend: pd.DataFrame, sha: str, variant: str) -> int | None:
     return None if rows.empty else int(rows.sort_values(["imported_at", "run_id"]).iloc[-1]["run_id"])
 
 
-def find_default_comparison(store: Store) -> dict[str, Any] | None:
+def find_default_comparison(store: Store, series: pd.DataFrame | None = None,
+                            trend: pd.DataFrame | None = None) -> dict[str, Any] | None:
     """What Compare shows with nothing asked: the last two commits of the series with the most
     runs (its first variant measured at both), else the two newest runs; None with fewer than
-    two runs."""
-    series = list_series(store)
+    two runs. `series` (list_series) and `trend` (get_trend of its first series) are read here
+    unless given (get_comparison reads them once for the page)."""
+    series = list_series(store) if series is None else series
     if not series.empty:
         top = series.iloc[0]
-        trend = get_trend(store, top.repo, top.engine, top.device, top.workload_id)
+        if trend is None:
+            trend = get_trend(store, top.repo, top.engine, top.device, top.workload_id)
         shas = trend.drop_duplicates("sha")["sha"].tolist()
         if len(shas) >= 2:
             at_both = sorted(set(trend.loc[trend["sha"] == shas[-2], "variant"])
@@ -397,29 +404,49 @@ def get_step_samples(store: Store, run_id: int | None) -> dict[str, Any]:
 def get_comparison(store: Store, run_a: int | None, run_b: int | None) -> dict[str, Any] | None:
     """Everything the Compare page shows of two runs, in one go (with either missing, those of
     find_default_comparison): both overviews (None for a missing run), every variant at both
-    commits, run A's series, the list of series, the step-time change, the kernel diff, both
-    runs' kernel tables (for their diagnosis) and the changes found at run B's commit. None
-    when the database has fewer than two runs."""
+    commits, run A's series (its trend, and its runs' values for the noise model, taken from
+    the trend), the list of series, the step-time change, the kernel diff, both runs' kernel
+    tables (for their diagnosis), their step samples and the changes found at run B's commit.
+    Each series-wide frame is read once. None when the database has fewer than two runs."""
     by = None
+    series = list_series(store)
+    top_trend = None
     if run_a is None or run_b is None:
-        default = find_default_comparison(store)
+        if not series.empty:
+            top = series.iloc[0]
+            top_trend = get_trend(store, top.repo, top.engine, top.device, top.workload_id)
+        default = find_default_comparison(store, series, top_trend)
         if default is None:
             return None
         run_a, run_b, by = default["a"], default["b"], default["by"]
     matrix = get_variant_matrix(store, run_a, run_b)
     # each run's first rank (a single trace of rank 1 has no rank 0), as the Run page shows it
     rank_a, rank_b = (next(iter(store.list_ranks(r)), 0) for r in (run_a, run_b))
-    matrix_runs = {int(r) for r in (*matrix["a_run_id"], *matrix["b_run_id"]) if pd.notna(r)} if len(matrix) else set()
-    return {"run_a": run_a, "run_b": run_b, "by": by,
-            "a": store.get_run(run_a), "b": store.get_run(run_b),
-            "matrix": matrix, "matrix_samples": {r: get_step_samples(store, r)["ms"] for r in sorted(matrix_runs)},
-            "trend": get_trend_of_run(store, run_a),
-            "series": list_series(store), "diff": get_category_diff(store, run_a, run_b, rank_a, rank_b),
+    if top_trend is not None and by == "commits":  # the default pair is of the top series: its trend is read
+        trend = top_trend
+    else:
+        trend = get_trend_of_run(store, run_a)
+    both = store.list_runs([run_a, run_b])  # one query for both overviews
+    return {"run_a": run_a, "run_b": run_b, "by": by, "a": both.get(run_a), "b": both.get(run_b),
+            "matrix": matrix, "trend": trend, "series": series,
+            "diff": get_category_diff(store, run_a, run_b, rank_a, rank_b),
             "kernels": get_kernel_diff(store, run_a, run_b, rank_a, rank_b),
             "kernels_a": store.list_kernels(run_a, rank_a), "kernels_b": store.list_kernels(run_b, rank_b),
             "samples_a": get_step_samples(store, run_a), "samples_b": get_step_samples(store, run_b),
-            "spread": get_run_spread(store, run_a), "series_values": list_series_values(store, run_a),
+            "series_values": list_series_values_of_trend(trend),
             "changes": list_changes_at_commit_of_run(store, run_b)}
+
+
+def list_series_values_of_trend(trend: pd.DataFrame | None) -> pd.DataFrame:
+    """list_series_values' frame from the series' get_trend frame (the same runs: one series,
+    every variant), in commit order, `commit_id` being the trend's commit_order: what Compare
+    pools, without reading the series' runs a second time. Empty for no trend (a run without
+    a commit)."""
+    columns = ["run_id", "commit_id", "sha", "variant", "step_ms", "tok_per_s"]
+    if trend is None or trend.empty:
+        return pd.DataFrame(columns=columns)
+    return (trend.sort_values(["commit_order", "run_id"], kind="stable")
+            .assign(commit_id=trend["commit_order"])[columns].reset_index(drop=True))
 
 
 # -- confirmed changes (written by ingest.runs.track) -------------------------------------

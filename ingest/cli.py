@@ -15,11 +15,18 @@ from typing import TYPE_CHECKING
 
 from db.common import DEFAULT_DB
 
-from .limits import DEFAULT_LIMITS, MAX_ATTEMPTS, import_limits
+from .limits import DEFAULT_LIMITS, MAX_ATTEMPTS, MAX_REPEATS, import_limits
 from .runs.names import DEVICES, ENGINES
 
 if TYPE_CHECKING:
     from .priority import DatabaseThread
+
+
+def _repeat_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_REPEATS} (MAX_REPEATS, ingest/limits.py)")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -182,7 +189,7 @@ def _add_spec_arguments(p: argparse.ArgumentParser, with_repo: bool = True) -> N
         p.add_argument("--repo-path", help="the checkout of --repo on the host: the config's own for that repo")
         p.add_argument("--ref", help="commit, tag or branch (resolved to a full sha)")
         p.add_argument("--variant")
-    p.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--repeat", type=_repeat_count, default=1, metavar="N",
                    help="run each job N times, each its own run (default 1): repeats give the run-to-run spread "
                         "verdicts need; backfill queues them in rounds over all commits (interleaved)")
     p.add_argument("--path", help="import engine: a trace, directory or bundle under the config's [imports] roots")

@@ -33,6 +33,12 @@ def import_limits(max_trace_mb: int, max_events: int) -> ReadLimits:
 
 MAX_ATTEMPTS = 2  # a job's attempts when its worker dies: one retry (ingest/runs/survival.py)
 
+# Runs of each job that one request queues (the form's repeat count, `ingest run --repeat`,
+# `ingest backfill --repeat`): repeats give a commit its run-to-run spread (ingest/regress/noise.py);
+# 2-3 a commit detect a 5 % change on the H200 (ingest/regress/BENCHMARKS.md), 30 is Pinpoint's order
+# of re-runs a commit, and more from one click would flood the queue.
+MAX_REPEATS = 30
+
 # An import draws a progress bar on a terminal only once it has run this long (short ones stay
 # silent); STEPWATCH_PROGRESS_AFTER_S overrides it (ingest/traces/progress.py)
 PROGRESS_AFTER_S = 2.0

@@ -33,7 +33,7 @@ def _submit(at, **fields):
     for key, value in fields.items():
         if key in ("kv", "modes"):
             at.multiselect(key=key).set_value(value)
-        elif key in ("every", "profile_steps"):
+        elif key in ("every", "profile_steps", "repeat"):
             at.number_input(key=key).set_value(value)
         else:
             at.text_input(key=key).input(value)
@@ -259,3 +259,19 @@ def test_the_import_engine_says_which_directories_it_may_read(writable_db, open_
     at.radio(key="engine").set_value("import").run()
     assert any(f"reads only under these directories ([imports] roots in {config}): {root}" in c.value
                for c in at.caption), [c.value for c in at.caption]
+
+
+def test_the_forms_repeat_count_queues_each_job_that_many_times_in_rounds(writable_db, open_page):
+    from ingest.limits import MAX_REPEATS
+
+    at = open_page(writable_db, "run_benchmark")
+    repeat = at.number_input(key="repeat")
+    assert (repeat.min, repeat.max, repeat.value) == (1, MAX_REPEATS, 1) == (1, 30, 1)
+    at = _submit(at, kv=["fused", "full-pool-cast"], profile_steps=2, repeat=2)
+    assert not at.exception
+    assert at.success[0].value.startswith("Queued 4 jobs (5, 6, 7, 8): reference tiny fused")
+    with open_db(writable_db, read_only=True) as store:
+        kvs = [json.loads(store.get_job(j)["spec"])["workload"]["kv"] for j in (5, 6, 7, 8)]
+        batches = {store.get_job(j)["batch"] for j in (5, 6, 7, 8)}
+    assert kvs == ["fused", "full-pool-cast", "fused", "full-pool-cast"]  # A B A B
+    assert batches == {"form reference HEAD x 2 repeats"}

@@ -48,10 +48,12 @@ def test_trend_chart_three_panels_on_one_commit_axis(frames):
     assert axis["labelExpr"] == "['', 'b9bba77', '3bee539', '3cf1671'][datum.value] || ''"
     assert step["layer"][1]["encoding"]["x"]["scale"]["domain"] == [0.5, 3.5]
     assert tok["layer"][1]["encoding"]["x"]["axis"]["labels"] is False  # only the bottom panel is labelled
-    band, line, points = tok["layer"]
+    band, interval, line, points = tok["layer"]
     assert (band["mark"]["type"], band["encoding"]["y"]["field"], band["encoding"]["y2"]["field"]) == (
         "rule", "tok_per_s_low", "tok_per_s_high")
-    assert (line["encoding"]["y"]["field"], line["encoding"]["y"]["aggregate"]) == ("tok_per_s", "mean")
+    # the line goes through each commit's pooled value; one run a commit and no history: no interval
+    assert line["encoding"]["y"]["field"] == "level" and "aggregate" not in line["encoding"]["y"]
+    assert (interval["encoding"]["y"]["field"], interval["encoding"]["y2"]["field"]) == ("low", "high")
     pick, zoom = spec["params"]  # Altair lifts a compound chart's selections to the top, naming their view
     assert (pick["name"], pick["select"]["fields"], pick["select"]["on"], pick["views"]) == (
         charts.PICK_RUN, ["run_id"], "click", [points["name"]])
@@ -59,9 +61,47 @@ def test_trend_chart_three_panels_on_one_commit_axis(frames):
         "zoom", "scales", ["x"], [points["name"]])
     assert [layer["encoding"]["y"]["field"] for layer in share["layer"]] == ["copy_share", "copy_share"]
     assert step["layer"][0]["encoding"]["y"]["field"] == "step_ms_p10"
+    assert share["layer"][0]["encoding"]["y"]["aggregate"] == "mean"  # copy share: no pooled level
     assert {t["title"] for t in points["encoding"]["tooltip"]} >= {"date", "author", "subject", "commit"}
     data = next(iter(spec["datasets"].values()))
     assert len(data) == 9 and {row["variant"] for row in data} == {"full-pool-cast", "fused", "gather-then-cast"}
+
+
+def test_a_commits_pooled_value_is_the_geometric_mean_of_its_runs_with_its_interval():
+    # two variants; "a" measured twice at each of 3 commits (its repeats: the spread), "b" once a commit
+    step = {("a", 1): [10.0, 10.4], ("a", 2): [10.2, 9.9], ("a", 3): [20.0, 20.8], ("b", 1): [5.0], ("b", 2): [5.1],
+            ("b", 3): [5.2]}
+    runs = [(v, c, ms) for (v, c), values in step.items() for ms in values]
+    rows = [{"run_id": i, "variant": v, "commit_order": c, "sha": f"s{c}", "short_sha": f"s{c}", "subject": "",
+             "author": "", "committed_at": pd.Timestamp("2026-12-01"), "step_ms": ms, "tok_per_s": 1000 / ms,
+             "tok_per_s_low": None, "tok_per_s_high": None, "step_ms_p10": None, "step_ms_p90": None,
+             "copy_share": 0.1, "gpu_busy_share": 0.9} for i, (v, c, ms) in enumerate(runs)]
+    trend = pd.DataFrame(rows)
+    pooled = charts.pool_commits(trend).set_index(["variant", "commit_order", "metric"])
+    pairs = [[math.log(x) for x in step[("a", c)]] for c in (1, 2, 3)]  # the pooled within-commit sd of log
+    sigma = math.sqrt(sum((x - sum(p) / 2) ** 2 for p in pairs for x in p) / 3)
+    half = 3.182446 * sigma / math.sqrt(2)  # t(0.975, 3 dof) * sigma / sqrt(runs)
+    a3 = pooled.loc[("a", 3, "step_ms")]
+    assert a3["runs"] == 2 and a3["level"] == pytest.approx(math.sqrt(20.0 * 20.8))
+    assert (a3["low"], a3["high"]) == (pytest.approx(math.sqrt(20.0 * 20.8) * math.exp(-half)),
+                                       pytest.approx(math.sqrt(20.0 * 20.8) * math.exp(half)))
+    assert pooled.loc[("a", 3, "tok_per_s")]["level"] == pytest.approx(1000 / math.sqrt(20.0 * 20.8))
+    assert a3["spread"] == f"{100 * sigma:.1f} % from 3 repeated runs (pooled within commits)"
+    b2 = pooled.loc[("b", 2, "step_ms")]  # one run a commit, 2 differences of history: no spread, no interval
+    assert b2["level"] == pytest.approx(5.1) and pd.isna(b2["low"]) and pd.isna(b2["high"])
+    # the chart draws them: the step panel's line through the levels, its interval bars where known
+    spec = charts.trend_chart(trend).to_dict()
+    step_panel = spec["vconcat"][2]
+    interval, line = step_panel["layer"][1], step_panel["layer"][2]
+    drawn = spec["datasets"][line["data"]["name"]]
+    assert {(r["variant"], r["commit_order"]): round(r["level"], 6) for r in drawn} == {
+        (v, c): round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 6) for (v, c), xs in step.items()}
+    assert interval["transform"] == [{"filter": "isValid(datum.low)"}] and interval["mark"]["strokeWidth"] == 9
+    relative = charts.trend_chart(trend, mode="baseline").to_dict()
+    rel = relative["datasets"][relative["vconcat"][2]["layer"][2]["data"]["name"]]
+    a_first = (10.0 + 10.4) / 2  # each variant's mean at its first commit, as the runs' baseline
+    assert {r["commit_order"]: round(r["level"], 6) for r in rel if r["variant"] == "a"}[3] == round(
+        math.sqrt(20.0 * 20.8) / a_first - 1, 6)
 
 
 def test_step_breakdown_and_means_use_one_colour_per_category(frames):
@@ -186,11 +226,26 @@ def test_form_plans_one_job_per_variant_and_mode():
         ("reference", "cpu", "tiny", 2, None)}
 
 
+def test_form_repeats_each_job_in_rounds_and_a_range_lists_its_runs_that_many_times():
+    form = FormInput("reference", variants=("fused", "full-pool-cast"), repeat=3,
+                     workload={"preset": "tiny", "profile_steps": 2})
+    plan = plan_jobs(form, Config())
+    assert [s.workload.kv for s in plan.specs] == ["fused", "full-pool-cast"] * 3  # A B A B A B
+    assert len(plan.jobs) == 6 and plan.batch == "form reference HEAD x 3 repeats"
+    ranged = plan_jobs(FormInput("reference", variants=("fused",), repeat=2, commits="HEAD~2..HEAD",
+                                 workload={"preset": "tiny"}), Config())
+    assert [r["workload"]["kv"] for r in ranged.expand.runs] == ["fused", "fused"]  # 2 jobs a commit
+    assert ranged.jobs[0][1].startswith("reference tiny fused x 2 repeats stepwatch@HEAD~2..HEAD")
+
+
 @pytest.mark.parametrize("form, reason", [
     (FormInput("reference", variants=("fused",), workload={"preset": "huge"}), "spec.workload.preset: 'huge'"),
     (FormInput("reference", variants=("fused",), host="gpu1", workload={"preset": "tiny"}), "host 'gpu1'"),
     (FormInput("sglang", variants=("unpatched",), workload={"model_path": "m"}), "spec.repo: the sglang engine"),
     (FormInput("import", path="/no/such/trace.json"), "spec.path: /no/such/trace.json: no such file"),
+    (FormInput("reference", variants=("fused",), repeat=0), "repeat: 0: must be a whole number from 1 to 30"),
+    (FormInput("reference", variants=("fused",), repeat=31), "repeat: 31: must be a whole number from 1 to 30"),
+    (FormInput("import", path="/no/such/trace.json", repeat=2), "repeat: 2: an import reads one trace once"),
 ])
 def test_form_refuses_with_the_first_bad_field(form, reason):
     with pytest.raises(SpecError, match=reason.replace("(", r"\(").replace(".", r"\.")):

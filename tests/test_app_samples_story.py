@@ -134,3 +134,45 @@ def test_an_axis_mode_or_breakdown_that_does_not_exist_is_a_notice(samples_db, o
         "`?also=kernel:no_such_kernel` matches no also plot here: showing also plot: a category or a kernel instead."]
     assert (at.query_params["scale"], at.query_params["also"]) == ("linear", "")
     assert len(_spec(at)["vconcat"]) == 3
+
+
+def test_compare_one_event_one_line_and_one_basis_for_tiles_verdict_and_diagnosis(samples_db, open_page):
+    a = find_run_id(samples_db, "demo-05a3934-1-glm5-graph")
+    b = find_run_id(samples_db, "demo-d445ae3-1-glm5-graph")
+    at = open_page(samples_db, "compare", a=str(a), b=str(b), by="commits")
+    assert not at.exception
+    # the regression at d445ae3 is one change point: one line (it was 8, one a metric), its kernels in it
+    [event] = [m.value for m in at.markdown if m.value.startswith(("Confirmed at", "Suspected at"))]
+    assert event.startswith("Confirmed at d445ae3 in glm5-serving-demo (default): **tok/s -89.8 % (132.31 tok/s -> "
+                            "13.52 tok/s)**; also step ms 9.8x, copy-kernel share 14.7x")
+    assert event.endswith("cast ms per step 166.1x (confirmed: 4 and 4 runs, spread 2.8 % from its repeats); kernels "
+                          "added `vectorized_gather_kernel`, `unrolled_elementwise_kernel<direct_copy_kernel_cuda>`, "
+                          "removed `_gather_cast_kernel` (exact: 4 and 6 runs) · [all changes](regressions)")
+    # the tiles, the verdict and the diagnosis' headline: each commit's 2 runs pooled (the tiles showed
+    # run A's and run B's alone: 9.8x under a verdict of +874.0 %)
+    [verdict] = [m.value for m in at.markdown if m.value.startswith("**Regression**")]
+    assert verdict.startswith("**Regression**: step time +874.0 %") and "2 and 2 runs" in verdict
+    tiles = {m.label: (m.value, m.delta) for m in at.metric if m.delta}
+    assert tiles["Step ms"] == ("74.013", "9.7x")  # 1 + 8.740
+    assert tiles["Decode tok/s"] == ("13.51", "-89.7 %")  # as the verdict's "tok/s -89.7 %"
+    assert verdict.endswith("tok/s -89.7 %.")
+    diagnosis = next(m.value for m in at.markdown if m.value.startswith("- tok/s"))
+    assert diagnosis.startswith("- tok/s fell 89.7 % at commit d445ae3 (132 tok/s -> 13.5 tok/s; step time 7.60 ms "
+                                "-> 74.0 ms)")
+    assert any(c.value.startswith("Decode tok/s and Step ms: the geometric mean of each side's runs (2 and 2)")
+               for c in at.caption)
+
+
+def test_compare_says_why_the_category_bars_and_the_verdict_differ_in_sign(samples_db, open_page):
+    # the same sha twice: the timed steps +9.4 % (B slower), the profiled steps 0.010 ms a step faster
+    a, b = (find_run_id(samples_db, f"demo-9317abc-{i}-glm5-graph") for i in (1, 2))
+    at = open_page(samples_db, "compare", a=str(a), b=str(b), by="runs")
+    assert not at.exception
+    [why] = [c.value for c in at.caption if "disagree in sign" in c.value]
+    assert why.startswith("The bars and the verdict disagree in sign because they measure different steps: the bars "
+                          "are run A's and run B's profiled steps (-0.010 ms a step), the verdict the steps timed "
+                          "without the profiler of 1 and 1 run (+9.4 %)")
+    # a pair whose bars and verdict agree says nothing of it
+    c, d = (find_run_id(samples_db, f"demo-{s}-1-glm5-graph") for s in ("05a3934", "d445ae3"))
+    agree = open_page(samples_db, "compare", a=str(c), b=str(d), by="runs")
+    assert not [x for x in agree.caption if "disagree in sign" in x.value]

@@ -32,7 +32,7 @@ def test_default_series_is_the_one_with_most_runs(dashboard_db, open_page):
                                      "also": ""}
     spec = _chart_spec(at)
     tok, share, step = spec["vconcat"]
-    assert tok["layer"][1]["encoding"]["y"]["title"] == "tok/s"
+    assert tok["layer"][2]["encoding"]["y"]["title"] == "tok/s"
     assert step["layer"][2]["encoding"]["x"]["axis"]["labelExpr"].startswith("['', 'b9bba77', '3bee539', '3cf1671']")
     # no commit of these series was measured twice: the spread is unknown, and the page says so
     assert any(c.value.startswith("Run-to-run spread unknown: no commit of this workload was measured twice")
@@ -92,7 +92,7 @@ def test_a_series_with_a_confirmed_change_marks_it(dashboard_db, open_page):
 def test_a_series_without_a_change_has_no_marker(dashboard_db, open_page):
     at = open_page(dashboard_db, "trends")
     tok = _chart_spec(at)["vconcat"][0]
-    assert len(tok["layer"]) == 3 and not any(c.value.startswith("Dashed rules") for c in at.caption)
+    assert len(tok["layer"]) == 4 and not any(c.value.startswith("Dashed rules") for c in at.caption)
 
 
 _ONE_RUN_OF_THE_PAGE = """
@@ -145,7 +145,8 @@ def test_log_axes_from_the_url(dashboard_db, open_page):
     assert step["layer"][2]["encoding"]["y"]["scale"] == {"type": "log", "zero": False}
     assert share["layer"][1]["encoding"]["y"]["scale"]["type"] == "linear"  # a share stays linear
     assert linear["vconcat"][0]["layer"][1]["encoding"]["y"]["scale"] == {"type": "linear"}
-    assert any(c.value.startswith("Error bars: tok/s and step ms at the 10th and 90th percentile") for c in at.caption)
+    assert any(c.value.startswith("Each point is one run, its thin error bar tok/s and step ms at the 10th and 90th "
+                                  "percentile") and "each commit's pooled value" in c.value for c in at.caption)
 
 
 def test_series_without_a_gpu_name_are_labelled_as_such(writable_db, open_page, tmp_path):

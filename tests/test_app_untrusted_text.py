@@ -330,7 +330,7 @@ def hostile_dashboard(trap, tmp_path_factory):
 BROWSER_PAGES = {
     "trends": ("/", [("runs at 2 commits", 1), ("Every run in the database measured a commit.", 1)]),
     "run": ("/run?run={b}", [("Log of job 1", 1), ("Trace no longer available", 1)]),
-    "compare": ("/compare?a={a}&b={b}&by=runs", [("Confirmed at", 2),
+    "compare": ("/compare?a={a}&b={b}&by=runs", [("· all changes", 1),  # one event, one line
                                                   ("kernels (matched by name and launcher op)", 1)]),
     "compare-commits": ("/compare?a={a}&b={b}&by=commits", [("Every variant at both commits", 1),
                                                              ("kernels (matched by name and launcher op)", 1)]),

@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data
-from app.changes import (KERNEL_KINDS, classify_kernel_diff, describe_change, describe_evidence, describe_run_verdict,
-                         judge_sides)
+from app.changes import (KERNEL_KINDS, classify_kernel_diff, describe_bars_against_verdict, describe_event_line,
+                         describe_run_verdict, group_events, judge_sides, pool_run)
 from app.diagnosis import diagnose_pair, is_patch_pair
 from app.kpis import show_run_kpis
 from app.labels import describe_run, describe_series, format_change, label_commit
@@ -125,7 +125,6 @@ elif not same_work:
     st.warning("Runs A and B measured different workloads or GPUs, so their differences are not only the code's.")
 
 samples_a, samples_b = comparison["samples_a"], comparison["samples_b"]
-spread = comparison["spread"]
 values = comparison["series_values"]
 if by == "two commits":  # a commit pools all its runs of the variant
     runs_a, runs_b = ([int(r) for r in values.loc[(values["sha"] == run["sha"]) & (values["variant"] == (
@@ -136,10 +135,16 @@ floors = [f for f in (step_floor(samples_a["ms"]), step_floor(samples_b["ms"])) 
 verdict = judge_sides(values, a["variant"], runs_a, runs_b, a["step_ms"], b["step_ms"], floor=max(floors, default=None),
                       same_commit=bool(a["sha"]) and a["sha"] == b["sha"] and a["variant"] == b["variant"] and same_work)
 spread = {"spread": verdict.spread.sigma}
-for name, run, base in (("A", a, None), ("B", b, a)):
+# one basis: the tiles' tok/s and step ms and the diagnosis' headline are the verdict's values (a
+# commit's runs pooled, each run's timed steps, else its profiled ones), not run A's and B's alone
+shown_a, shown_b = pool_run(a, verdict.value_a), pool_run(b, verdict.value_b)
+for name, run, base in (("A", shown_a, None), ("B", shown_b, shown_a)):
     title = describe_run(run["run_id"], (run["sha"] or "")[:7], run["variant"], run["workload_key"])
     st.markdown(format_markdown("**{}** · [{}](run?run={})", name, title, run["run_id"]))
     show_run_kpis(run, base, verdict.verdict if base else None)
+if verdict.n_a + verdict.n_b > 2:
+    st.caption(f"Decode tok/s and Step ms: the geometric mean of each side's runs ({verdict.n_a} and {verdict.n_b}), "
+               "as the verdict below pools them; the copy and busy shares are the two runs' own.")
 st.markdown(describe_run_verdict(verdict, samples_a["source"], samples_b["source"]))
 
 st.subheader("Diagnosis")
@@ -147,19 +152,19 @@ if not verdict.changed:  # the diagnosis explains whatever moved; say that it do
     st.caption(f"The step-time verdict is \"{verdict.verdict}\": what follows explains the differences there are, "
                "not a change.")
 try:
-    st.markdown(format_markdown_list(diagnose_pair(a, b, comparison["kernels_a"], comparison["kernels_b"])))
+    st.markdown(format_markdown_list(diagnose_pair(shown_a, shown_b, comparison["kernels_a"], comparison["kernels_b"])))
 except RegressError as e:
     st.caption(format_markdown("No diagnosis for these two runs: {}", e))
 st.caption(("B is A patched: the same workload at the same commit with another variant." if is_patch_pair(a, b)
             else "From A to B: the headline change and the kernels that explain most of it."))
-for change in comparison["changes"].itertuples():
-    st.markdown(format_markdown("{} at {} in {} ({}): **{}** ({}) · [all changes](regressions)",
-                                "Confirmed" if change.status == "confirmed" else "Suspected",
-                                change.first_bad_short_sha, change.repo, change.variant or "no variant",
-                                describe_change(change), describe_evidence(change)))
+for event in group_events(comparison["changes"]):  # one change point, one line (its metrics and kernels in it)
+    st.markdown(describe_event_line(event))
 
 st.subheader("What changed in the step time")
 st.altair_chart(charts.change_chart(charts.change_rows(diff, spread["spread"])))
+disagree = describe_bars_against_verdict(float(diff["delta_ms_per_step"].sum()), verdict, samples_a["source"])
+if disagree:
+    st.caption(disagree)
 st.caption(format_markdown(
     "Change of the mean ms per profiled step, by category (red: slower, green: faster; pale with its 95 % interval: "
     "within noise, by the rule the kernels below are judged by), from run A's {:,.3f} ms to run B's {:,.3f} ms; idle "

@@ -90,9 +90,11 @@ else:
     event = st.altair_chart(charts.trend_chart(trend, changes, mode=scale, extra=extra,
                                                extra_title=describe_breakdown(also, 24) if also else ""),
                             on_select="rerun", key="trend_chart")
-    st.caption("Error bars: tok/s and step ms at the 10th and 90th percentile of the steps each run timed without "
-               "the profiler (none when a run timed none); each point is one run, the line goes through the mean of "
-               "a commit's runs. Log axes show variants of very different speeds with their changes at the same "
+    st.caption("Each point is one run, its thin error bar tok/s and step ms at the 10th and 90th percentile of the "
+               "steps it timed without the profiler (none when it timed none). The line goes through each commit's "
+               "pooled value (the geometric mean of its runs, as verdicts pool them), the wide pale bar its 95 % "
+               "interval from the variant's run-to-run spread (none while that is unknown). Log axes show variants "
+               "of very different speeds with their changes at the same "
                "height for the same ratio. Drag or scroll the chart to zoom the commits; double-click to reset.")
     if spread["spread"] is None:
         st.caption("Run-to-run spread unknown: no commit of this workload was measured twice. Two runs of the same "

@@ -1,10 +1,11 @@
 """Benchmark: the dashboard's queries and pages on a large database. Not a test: it prints
 figures, kept in app/BENCHMARKS.md.
 
-    .venv/bin/python -m app.studies.pages [--runs-scale 1] [--browser] [--keep PATH]
+    .venv/bin/python -m app.studies.pages [--scale 1] [--queries-only] [--browser] [--keep PATH]
 
 It writes a temporary DuckDB file (db.studies.synthetic: 10,000 runs, 2,000,000 kernel rows,
-2,000 jobs). Then, for each page, it times the db.views calls that page makes on a cold cache,
+2,000 jobs; --scale K makes each repository's history K times as long: 10,000 K runs and
+2,000,000 K kernel rows, each series K times as many runs). Then, for each page, it times the db.views calls that page makes on a cold cache,
 each in its own read-only connection as app/data.py runs them (open + query + close), against
 `SELECT count(*) FROM kernel_stats` as a baseline in the same run; then each
 page's whole script through AppTest (cold and warm cache); and with --browser, the time until
@@ -49,11 +50,16 @@ def _page_batches(store) -> tuple[dict[str, list[list[tuple]]], dict[str, str]]:
     series_args = (series.repo, series.engine, series.device, series.workload_id)
     trend = views.get_trend(store, *series_args)
     run_a, run_b = int(trend["run_id"].iloc[-3]), int(trend["run_id"].iloc[-1])
+    last_100 = tuple(views.get_trend(store, *series_args, 100)["run_id"].tolist())
+
+    def trends(last, shown) -> list[list[tuple]]:  # app/screens/trends.py's three load_all batches
+        return [[(views.count_runs,), (views.list_series,), (views.list_runs_without_commit,)],
+                [(views.get_trend, *series_args, last), (views.list_series_changes, *series_args)],
+                [(views.list_trend_breakdowns, shown), (views.get_run_spread, shown[0])]]
+
     batches = {
-        "trends": [[(views.count_runs,), (views.list_series,), (views.list_runs_without_commit,)],
-                   [(views.get_trend, *series_args, 100)]],
-        "trends (all)": [[(views.count_runs,), (views.list_series,), (views.list_runs_without_commit,)],
-                         [(views.get_trend, *series_args, None)]],
+        "trends": trends(100, last_100),
+        "trends (all)": trends(None, tuple(trend["run_id"].tolist())),
         "run": [[(views.list_recent_runs,), (views.get_run_detail, run_b)]],
         "compare": [[(views.get_comparison, run_a, run_b)]],
         "compare (no URL)": [[(views.get_comparison, None, None)]],
@@ -183,17 +189,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=15, help="timings per query (median and fastest kept)")
     parser.add_argument("--browser", action="store_true", help="also time page loads in headless chromium")
     parser.add_argument("--keep", metavar="PATH", help="write the database here and keep it")
+    parser.add_argument("--scale", type=int, default=1, metavar="K",
+                        help="K times the commits of each repository (K x 10,000 runs; default 1)")
+    parser.add_argument("--queries-only", action="store_true", help="time the queries only (no AppTest)")
     args = parser.parse_args(argv)
     print(f"load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory(prefix="stepwatch-bench-") as tmp:
         db = Path(args.keep) if args.keep else Path(tmp) / "bench.duckdb"
         if not db.exists():
             t0 = time.perf_counter()
-            counts = generate(db)
+            counts = generate(db, commits=500 * args.scale)
             print(f"generated {counts} in {time.perf_counter() - t0:.1f} s "
                   f"({db.stat().st_size / 2**20:.0f} MiB)")
         urls = time_queries(db, args.repeat)
-        time_pages_apptest(db, urls)
+        if not args.queries_only:
+            time_pages_apptest(db, urls)
         if args.browser:
             time_pages_browser(db, urls)
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
