@@ -39,8 +39,8 @@ def explain_missing(kernels: pd.DataFrame, roofline: dict | None) -> str | None:
     covered = measured_share(kernels)
     if covered < ROOFLINE_MIN_COVERAGE:
         return (f"No roofline drawn: the roofline covers {covered * 100:.1f} % of kernel time (the kernels whose op "
-                f"has a cost model with recorded shapes), under the {ROOFLINE_MIN_COVERAGE * 100:.0f} % it needs to say where "
-                "the step's time stands against the roofs; those kernels' rates are in the table above.")
+                f"has a cost model with recorded shapes), under the {ROOFLINE_MIN_COVERAGE * 100:.0f} % it needs to "
+                "say where the step's time stands against the roofs; those kernels' rates are in the table above.")
     return None
 
 

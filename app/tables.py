@@ -73,7 +73,8 @@ def build_kernel_table(kernels: pd.DataFrame) -> pd.DataFrame:
     """The Run page's kernel table from Store.list_kernels' frame: its share columns in percent
     (as_percent), and one figure a column where the store has two sources: `tbps_shown` and
     `bw_fraction_shown` are the modelled TB/s and fraction of HBM bandwidth where the op has a
-    cost model, else the recorded bytes' (gbps / 1000, peak_fraction); `tflops_shown` and
+    cost model, else the recorded bytes' (gbps / 1000, peak_fraction), and `bytes_per_call_shown`
+    the bytes they rest on (so that bytes/call over mean µs is the TB/s shown); `tflops_shown` and
     `compute_fraction_shown` are blank (NaN) for a kernel without FLOPs (a cast's 0 TFLOP/s is
     no rate); `short_name` is the name without namespaces and template arguments."""
     table = kernels.copy()
@@ -82,6 +83,8 @@ def build_kernel_table(kernels: pd.DataFrame) -> pd.DataFrame:
     has_model = modelled.notna() & (modelled > 0)
     recorded = pd.to_numeric(table["gbps"], errors="coerce") / 1e3
     table["tbps_shown"] = modelled.where(has_model, recorded)
+    table["bytes_per_call_shown"] = pd.to_numeric(table["model_bytes_per_call"], errors="coerce").where(
+        has_model, pd.to_numeric(table["bytes_per_call"], errors="coerce"))
     table["bw_fraction_shown"] = pd.to_numeric(table["bandwidth_fraction"], errors="coerce").where(
         has_model, pd.to_numeric(table["peak_fraction"], errors="coerce"))
     flops = pd.to_numeric(table["tflops"], errors="coerce")
@@ -113,7 +116,8 @@ def kernel_columns(attributed_by: str | None = None) -> dict:
         "calls": st.column_config.NumberColumn("calls", format="%d"),
         "median_us": st.column_config.NumberColumn("median µs", format="%.2f"),
         "p90_us": st.column_config.NumberColumn("p90 µs", format="%.2f"),
-        "bytes_per_call": st.column_config.NumberColumn("bytes/call", format="bytes"),
+        "bytes_per_call_shown": st.column_config.NumberColumn("bytes/call", format="bytes", help="the bytes the "
+                                                              "TB/s rests on: modelled, else recorded"),
         "name": st.column_config.TextColumn("full name", width="large"),
     }
     if attributed_by:
