@@ -98,7 +98,8 @@ def kernel_columns(attributed_by: str | None = None) -> dict:
     (its frame has more). What a kernel costs and how close it runs to its roofs first, so that
     they are in sight at 1280 px; where it comes from, its spread and its full name after. With
     `attributed_by` (a graph-kernel attribution's method), the op, line and layers its graph
-    kernels were attributed follow the bound, in sight (the launcher and source line the trace
+    kernels were attributed follow the share, in sight (a graph replay's kernels have no op shapes,
+    so their rates are mostly blank) (the launcher and source line the trace
     itself gives, cudaGraphLaunch, stay where they are)."""
     columns = {
         "short_name": st.column_config.TextColumn("kernel", width="medium", help="the name without its namespaces "
@@ -121,7 +122,7 @@ def kernel_columns(attributed_by: str | None = None) -> dict:
         "name": st.column_config.TextColumn("full name", width="large"),
     }
     if attributed_by:
-        columns = _insert_after(columns, "bound", {
+        columns = _insert_after(columns, "share", {
             "graph_op": st.column_config.TextColumn(
                 f"op (via {attributed_by})", help="the op that launched this kernel's twin in the graph-off run"),
             "graph_source": st.column_config.TextColumn(f"source line (via {attributed_by})"),
