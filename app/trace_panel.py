@@ -3,6 +3,8 @@ at a time on a multi-rank run, to download or to open in Perfetto (app/perfetto.
 
 from __future__ import annotations
 
+import re
+
 import streamlit as st
 import streamlit.components.v1 as components
 
@@ -24,7 +26,14 @@ def describe_size(size_bytes: int) -> str:
     return f"{size_bytes / 1e6:.1f} MB" if size_bytes >= 1e6 else f"{size_bytes / 1e3:,.0f} kB"
 
 
-def show_traces(run_id: int, run: dict) -> None:
+def pick_rank_file(names: list[str], rank: int) -> str:
+    """The trace file of `rank` among a run's files, by the name its writer gives it (SGLang's and
+    Kineto's `...-TP-1-...`, `rank1`), else the first."""
+    pattern = re.compile(rf"(?:TP|rank)[-_]?{int(rank)}(?!\d)", re.IGNORECASE)
+    return next((n for n in names if pattern.search(n)), names[0])
+
+
+def show_traces(run_id: int, run: dict, rank: int = 0) -> None:
     """The run's trace files that are provably its own: a picker when it has several (one per rank),
     the picked file's download, and its Open in Perfetto button when it is small enough to travel
     with the page (else a line saying why there is none); one line for each file that is gone."""
@@ -34,9 +43,11 @@ def show_traces(run_id: int, run: dict) -> None:
     if not traces:
         return
     by_name = {t.name: t for t in traces}
-    name = next(iter(by_name))
-    if len(traces) > 1:
-        name = st.selectbox(f"Trace file ({len(traces)}, one per rank)", list(by_name), key="trace_file",
+    names = list(by_name)
+    name = names[0]
+    if len(traces) > 1:  # one file at a time (the rank shown above first), not a button pair per rank
+        name = st.selectbox(f"Trace file ({len(traces)}, one per rank)", names, key="trace_file",
+                            index=names.index(pick_rank_file(names, rank)),
                             format_func=lambda n: f"{n} ({describe_size(by_name[n].size_bytes)})")
     trace = by_name[name]
     saved_as = download_name(run_id, run["sha"], run["variant"], trace.name)

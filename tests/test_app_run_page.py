@@ -197,6 +197,18 @@ def test_a_multi_rank_run_has_one_trace_picker_and_one_button_pair(tmp_path, ope
     assert text.count("Open in Perfetto (new tab)") == 1 and tp1 in text and tp0 not in text
 
 
+def test_the_trace_picker_starts_at_the_rank_shown(tmp_path, open_page):
+    from app.trace_panel import pick_rank_file
+
+    names = ["stepwatch-tp2-TP-0-DECODE.trace.json.gz", "stepwatch-tp2-TP-1-DECODE.trace.json.gz"]
+    assert [pick_rank_file(names, r) for r in (0, 1, 7)] == [names[0], names[1], names[0]]
+    assert pick_rank_file(["w_rank10.json", "w_rank1.json"], 1) == "w_rank1.json"
+    db = tmp_path / "tp2.duckdb"
+    assert main(["import", str(DATA / "h200" / "tp2"), "--db", str(db)]) == 0
+    at = open_page(db, "run", run="1", rank="1")
+    assert at.selectbox(key="trace_file").value == names[1]
+
+
 def test_a_trace_too_big_for_the_perfetto_button_says_why_and_offers_the_download(tmp_path, open_page):
     """A real CPU trace followed by 9 MiB of whitespace (valid JSON, as a writer that pads leaves it):
     9.5 MB, over the button's 8 MB, so no button, a line saying why, and the download."""

@@ -139,4 +139,4 @@ if job is not None:
         st.code(job["log"] or "(no output)", language=None)
 
 st.subheader("Trace")
-show_traces(run_id, run)
+show_traces(run_id, run, rank)
