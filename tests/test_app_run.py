@@ -74,7 +74,7 @@ def test_cpu_only_trace_says_so(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "cpu_small.trace.json")))
     assert not at.exception
     assert at.info[0].value.startswith("This trace has no GPU kernels (a CPU-only run;")
-    assert _metrics(at) == {"Decode tok/s": "—", "Step ms": "0.270", "Copy-kernel share": "46.6 %",
+    assert _metrics(at) == {"Decode tok/s": "—", "Step ms, profiled": "0.270", "Copy-kernel share": "46.6 %",
                             "GPU busy share": "—"}
     assert at.dataframe[0].value.iloc[0]["name"] == "aten::copy_"
     run_id = find_run_id(dashboard_db, "cpu_small.trace.json")
