@@ -13,7 +13,27 @@ def _points(a: float | None, b: float | None) -> str | None:
     return None if a is None or b is None else f"{(b - a) * 100:+.1f} pp"
 
 
-def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None = None) -> None:
+# the copy categories of ingest/traces/categories.py (COPY_CATEGORIES; tests/test_app_run.py checks
+# they agree), named here because app/ does not import the trace reader
+COPY_CATEGORIES = ("cast", "memcpy")
+
+
+def label_step_tile(run: dict) -> str:
+    """The Step ms tile's label, saying which step it is: timed without the profiler (the
+    bundle's timing) or the profiled steps' median, which the diagnosis and the charts use."""
+    return "Step ms, no profiler" if run.get("timing_ms_median") is not None else "Step ms, profiled"
+
+
+def select_rank_figures(run: dict, rank: int, figures: dict) -> dict:
+    """The run's row as the tiles read it, for another rank than its first: that rank's profiled
+    median step and its copy and busy shares (views.get_rank_figures); tok/s stays the job's."""
+    return {**run, "step_ms": figures["step_ms_median"], "step_ms_median": figures["step_ms_median"],
+            "copy_share": figures["copy_share"], "gpu_busy_share": figures["gpu_busy_share"],
+            "timing_ms_median": None, "timing_ms_p10": None, "timing_ms_p90": None, "rank_shown": rank}
+
+
+def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None = None,
+                  step_label: str = "Step ms") -> None:
     """tok/s, step ms, copy-kernel share and GPU busy share; with a baseline, each tile shows the
     change from it (green when better: more tok/s, less step time, less copying). With the
     step-time verdict of the pair (ingest.regress.noise), the tok/s and step tiles say
@@ -31,7 +51,7 @@ def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None =
                     delta=format_change(base.get("tok_per_s"), run["tok_per_s"]) + flag if delta else None)
     spread = (f"p10–p90 {run['timing_ms_p10']:.3f}–{run['timing_ms_p90']:.3f} ms without the profiler; "
               if run["timing_ms_p10"] is not None else "")
-    tiles[1].metric("Step ms", format_number(run["step_ms"], 3), border=True,
+    tiles[1].metric(step_label, format_number(run["step_ms"], 3), border=True,
                     delta_color="off" if flag else "inverse",
                     delta=format_change(base.get("step_ms"), run["step_ms"]) + flag if delta else None,
                     help=f"{spread}median profiled step {run['step_ms_median']:.3f} ms")
@@ -41,6 +61,9 @@ def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None =
     tiles[3].metric("GPU busy share", format_percent(run["gpu_busy_share"]), border=True, delta_color="off",
                     delta=_points(base.get("gpu_busy_share"), run["gpu_busy_share"]) if delta else None,
                     help="share of the step's wall time in which some kernel ran")
+    if run.get("rank_shown") is not None:
+        st.caption(f"Rank {run['rank_shown']}'s own figures: its median profiled step, its copy-kernel and GPU busy "
+                   "shares. Decode tok/s is the job's, all ranks together.")
 
 
 def show_rank_balance(rank_stats) -> None:

@@ -4,6 +4,8 @@ ceilings its fractions are of); app/charts.py draws them."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ingest.regress.diagnose import shorten_kernel_name
@@ -12,6 +14,18 @@ LABELLED = 5  # the kernels with the most time are named on the chart
 # the units whose roofs are drawn, as devices.toml names their peaks, and how the legend says them
 UNITS = {"bf16_tflops": "BF16", "fp8_tflops": "FP8", "tf32_tflops": "TF32", "fp32_tflops": "FP32"}
 BASES = {"datasheet": "datasheet", "measured": "measured on the card"}
+# under this share of kernel time with a measured rate, a roofline says more about the kernels left
+# out than about the step: it is not drawn, and the page says how little it would cover
+ROOFLINE_MIN_COVERAGE = 0.05
+
+
+def measured_share(kernels: pd.DataFrame) -> float:
+    """The share of kernel time (0..1) in the kernel rows the roofline can place: those with a
+    modelled byte or FLOP rate above zero."""
+    if not len(kernels) or "tbps" not in kernels:
+        return 0.0
+    rated = (kernels["tbps"].fillna(0) > 0) | (kernels["tflops"].fillna(0) > 0)
+    return float(kernels.loc[rated, "share"].fillna(0).sum())
 
 
 def explain_missing(kernels: pd.DataFrame, roofline: dict | None) -> str | None:
@@ -22,6 +36,11 @@ def explain_missing(kernels: pd.DataFrame, roofline: dict | None) -> str | None:
     if not len(kernels) or "tbps" not in kernels or not kernels["tbps"].notna().any():
         return ("No roofline: no kernel's op has a cost model with recorded shapes (profile with "
                 "record_shapes=True; kernels replayed from a CUDA graph have no op of their own to read shapes from).")
+    covered = measured_share(kernels)
+    if covered < ROOFLINE_MIN_COVERAGE:
+        return (f"No roofline drawn: the roofline covers {covered * 100:.1f} % of kernel time (the kernels whose op "
+                f"has a cost model with recorded shapes), under the {ROOFLINE_MIN_COVERAGE * 100:.0f} % it needs to "
+                "say where the step's time stands against the roofs; those kernels' rates are in the table above.")
     return None
 
 
@@ -38,10 +57,17 @@ def roofline_points(kernels: pd.DataFrame) -> pd.DataFrame:
     known.loc[top, "label"] = known.loc[top, "short_name"].str.slice(0, 32)
     known["share"] = known["share"].fillna(0.0)
     known["where"] = [s or op for s, op in zip(known["source"].fillna(""), known["launcher"].fillna(""))]
-    known["bar_label"] = [f"{t:,.2f} TB/s" + (f", {f:.0%} of peak" if pd.notna(f) else "")
+    known["bar_label"] = [f"{format_rate(t)} TB/s" + (f", {f:.0%} of peak" if pd.notna(f) else "")
                           for t, f in zip(known["tbps"], known["bandwidth_fraction"])]
     known["row_name"] = _row_names(known["short_name"].tolist(), known["where"].tolist())
     return known.reset_index(drop=True)
+
+
+def format_rate(value: float) -> str:
+    """A rate with three significant digits (2.04, 0.125, 0.00395), never a rounded-away 0.00."""
+    if not value or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.{max(0, 2 - math.floor(math.log10(abs(value))))}f}"
 
 
 def _row_names(short: list[str], where: list[str]) -> list[str]:

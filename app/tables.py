@@ -8,6 +8,8 @@ from collections.abc import Iterable
 import pandas as pd
 import streamlit as st
 
+from ingest.regress.diagnose import shorten_kernel_name
+
 RUN_URL = "run?run={}"  # relative, so it works under any base URL path
 
 
@@ -29,7 +31,7 @@ def _ms(label: str) -> st.column_config.Column:
 # through as_percent, which scales these columns by 100 for the "%.1f %%" format.
 SHARE_COLUMNS = ("share", "copy_share", "gpu_busy_share", "peak_fraction", "a_share", "b_share",
                  "a_copy_share", "b_copy_share", "compute_fraction", "bandwidth_fraction", "a_roof_fraction",
-                 "b_roof_fraction")
+                 "b_roof_fraction", "compute_fraction_shown", "bw_fraction_shown")
 
 
 def as_percent(frame: pd.DataFrame) -> pd.DataFrame:
@@ -55,35 +57,71 @@ def run_columns() -> dict:
 
 
 _ROOFLINE_HELP = ("the launching op's FLOPs, modelled from its recorded shapes (2·M·N·K a GEMM), over the "
-                  "kernel's time; an op's cost is spread over its kernels by their time")
+                  "kernel's time; an op's cost is spread over its kernels by their time; blank: no FLOPs "
+                  "(a copy or cast) or no cost model")
+_TBPS_HELP = ("bytes read and written per second: the op's modelled bytes where it has a cost model, else the "
+              "bytes the trace or the bundle records for it (a memcpy's, a cast's known size); blank: unknown")
+_BW_HELP = "the TB/s as a share of the datasheet's HBM bandwidth (blank for a copy to or from the host)"
 _BOUND_HELP = ("compute: its intensity is past the ridge point (% compute above % BW); memory: below it; "
                "latency: under 10 % of both roofs; communication: a collective (its link has no roof here)")
+# printf formats that keep three significant digits, so a small rate is never printed as "0.000"
+RATE_FORMAT = "%.3g"
+CALLS_FORMAT = "%.4g"  # 78 calls per step, not "78.0"; 1.5 where a kernel runs every other step
+
+
+def build_kernel_table(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The Run page's kernel table from Store.list_kernels' frame: its share columns in percent
+    (as_percent), and one figure a column where the store has two sources: `tbps_shown` and
+    `bw_fraction_shown` are the modelled TB/s and fraction of HBM bandwidth where the op has a
+    cost model, else the recorded bytes' (gbps / 1000, peak_fraction), and `bytes_per_call_shown`
+    the bytes they rest on (so that bytes/call over mean µs is the TB/s shown); `tflops_shown` and
+    `compute_fraction_shown` are blank (NaN) for a kernel without FLOPs (a cast's 0 TFLOP/s is
+    no rate); `short_name` is the name without namespaces and template arguments."""
+    table = kernels.copy()
+    table["short_name"] = [shorten_kernel_name(str(n)) for n in table["name"]]
+    modelled = pd.to_numeric(table["tbps"], errors="coerce")
+    has_model = modelled.notna() & (modelled > 0)
+    recorded = pd.to_numeric(table["gbps"], errors="coerce") / 1e3
+    table["tbps_shown"] = modelled.where(has_model, recorded)
+    table["bytes_per_call_shown"] = pd.to_numeric(table["model_bytes_per_call"], errors="coerce").where(
+        has_model, pd.to_numeric(table["bytes_per_call"], errors="coerce"))
+    table["bw_fraction_shown"] = pd.to_numeric(table["bandwidth_fraction"], errors="coerce").where(
+        has_model, pd.to_numeric(table["peak_fraction"], errors="coerce"))
+    flops = pd.to_numeric(table["tflops"], errors="coerce")
+    table["tflops_shown"] = flops.where(flops > 0)
+    table["compute_fraction_shown"] = pd.to_numeric(table["compute_fraction"], errors="coerce").where(flops > 0)
+    return as_percent(table)
 
 
 def kernel_columns(attributed_by: str | None = None) -> dict:
-    """The Run page's kernel table: these columns, in this order (its frame has more). With
+    """The Run page's kernel table (build_kernel_table's frame): these columns, in this order
+    (its frame has more). What a kernel costs and how close it runs to its roofs first, so that
+    they are in sight at 1280 px; where it comes from, its spread and its full name after. With
     `attributed_by` (a graph-kernel attribution's method), the op, line and layers its graph
-    kernels were attributed follow the share, in sight (the launcher and source line the trace
+    kernels were attributed follow the share, in sight (a graph replay's kernels have no op shapes,
+    so their rates are mostly blank) (the launcher and source line the trace
     itself gives, cudaGraphLaunch, stay where they are)."""
     columns = {
-        "name": st.column_config.TextColumn("kernel", width="large"), "category": "category",
-        "calls_per_step": st.column_config.NumberColumn("calls/step", format="%.1f"),
+        "short_name": st.column_config.TextColumn("kernel", width="medium", help="the name without its namespaces "
+                                                  "and template arguments; the full name is the last column"),
+        "share": _share("share"), "ms_per_step": _ms("ms/step"),
+        "calls_per_step": st.column_config.NumberColumn("calls/step", format=CALLS_FORMAT),
         "mean_us": st.column_config.NumberColumn("mean µs", format="%.2f"),
-        "ms_per_step": _ms("ms/step"), "share": _share("share"),
-        "gbps": st.column_config.NumberColumn("GB/s", format="%.0f"),
-        "peak_fraction": _share("% of peak"),
-        "tflops": st.column_config.NumberColumn("TFLOP/s", format="%.3f", help=_ROOFLINE_HELP),
-        "tbps": st.column_config.NumberColumn("TB/s", format="%.3f", help="the op's modelled bytes (read + "
-                                              "written) over the kernel's time"),
-        "compute_fraction": _share("% compute"), "bandwidth_fraction": _share("% BW"),
+        "tflops_shown": st.column_config.NumberColumn("TFLOP/s", format=RATE_FORMAT, help=_ROOFLINE_HELP),
+        "tbps_shown": st.column_config.NumberColumn("TB/s", format=RATE_FORMAT, help=_TBPS_HELP),
+        "compute_fraction_shown": _share("% compute", help="the TFLOP/s as a share of the datasheet's peak for the "
+                                         "op's input type"),
+        "bw_fraction_shown": _share("% BW", help=_BW_HELP),
         "bound": st.column_config.TextColumn("bound", help=_BOUND_HELP),
-        "launcher": "launcher op", "source": "source line",
-        "calls": "calls", "median_us": st.column_config.NumberColumn("median µs", format="%.2f"),
+        "category": "category", "launcher": "launcher op", "source": "source line",
+        "calls": st.column_config.NumberColumn("calls", format="%d"),
+        "median_us": st.column_config.NumberColumn("median µs", format="%.2f"),
         "p90_us": st.column_config.NumberColumn("p90 µs", format="%.2f"),
-        "bytes_per_call": st.column_config.NumberColumn("bytes/call", format="bytes"),
+        "bytes_per_call_shown": st.column_config.NumberColumn("bytes/call", format="bytes", help="the bytes the "
+                                                              "TB/s rests on: modelled, else recorded"),
+        "name": st.column_config.TextColumn("full name", width="large"),
     }
     if attributed_by:
-        columns["name"] = st.column_config.TextColumn("kernel", width="medium")  # room for the attribution
         columns = _insert_after(columns, "share", {
             "graph_op": st.column_config.TextColumn(
                 f"op (via {attributed_by})", help="the op that launched this kernel's twin in the graph-off run"),

@@ -186,6 +186,23 @@ def list_recent_runs(store: Store, limit: int = 500) -> pd.DataFrame:
     ).df()
 
 
+def find_default_run(store: Store, min_rated_share: float) -> dict[str, Any] | None:
+    """The run the Run page opens on without a run in its URL: {run_id, newest_run_id, rated}.
+    The newest run (highest id) whose first rank's kernels with a modelled byte or FLOP rate take
+    at least `min_rated_share` of its kernel time (`rated` True: a roofline to draw, rates in the
+    kernel table), else the newest run of all (`rated` False). None when there are no runs."""
+    newest = store.con.execute("SELECT max(run_id) FROM runs").fetchone()[0]
+    if newest is None:
+        return None
+    rated = store.con.execute(
+        "WITH first_rank AS (SELECT run_id, min(rank) AS rank FROM kernel_stats GROUP BY run_id)"
+        " SELECT k.run_id FROM kernel_stats k JOIN first_rank f ON f.run_id = k.run_id AND f.rank = k.rank"
+        " GROUP BY k.run_id"
+        " HAVING sum(k.share) FILTER (WHERE k.tbps > 0 OR k.tflops > 0) >= ?"
+        " ORDER BY k.run_id DESC LIMIT 1", [min_rated_share]).fetchone()
+    return {"run_id": rated[0] if rated else newest, "newest_run_id": newest, "rated": rated is not None}
+
+
 # -- one run (its row, ranks and kernel table: Store.get_run, list_ranks, list_kernels) ------
 def get_step_breakdown(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame:
     """Kernel time per category in each profiled step (ms), plus `idle`: the step's wall time
@@ -217,6 +234,20 @@ def get_category_means(store: Store, run_id: int, rank: int = 0) -> pd.DataFrame
         " FROM sums ORDER BY ms_per_step DESC, category",
         [run_id, rank, run_id, rank, run_id, rank],
     ).df()
+
+
+def get_rank_figures(store: Store, run_id: int, rank: int, copy_categories: list[str]) -> dict[str, Any]:
+    """One rank's own headline figures, as the run's row has them for its first rank: the median
+    profiled step (`step_ms_median`), the share of step wall time in which a kernel ran
+    (`gpu_busy_share`, None without GPU timing) and the `copy_categories`' share of all kernel time
+    (`copy_share`, None without kernels)."""
+    step_ms, busy = store.con.execute(
+        "SELECT median(wall_us) / 1e3, sum(gpu_busy_us) / nullif(sum(wall_us), 0)"
+        " FROM steps WHERE run_id = ? AND rank = ?", [run_id, rank]).fetchone()
+    (copy,) = store.con.execute(
+        "SELECT coalesce(sum(total_us) FILTER (WHERE list_contains(?, category)), 0) / nullif(sum(total_us), 0)"
+        " FROM kernel_stats WHERE run_id = ? AND rank = ?", [list(copy_categories), run_id, rank]).fetchone()
+    return {"step_ms_median": step_ms, "gpu_busy_share": busy, "copy_share": copy}
 
 
 def get_job(store: Store, job_id: int | None) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 H200 measured them, its kernels, its trace for Perfetto; a job's log; a CPU-only trace."""
 
 import json
+import math
 
 import pytest
 
@@ -21,21 +22,21 @@ def test_glm5_full_pool_cast_run(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(run_id))
     assert not at.exception
     assert at.selectbox(key="url_run").value == str(run_id)
-    assert _metrics(at) == {"Decode tok/s": "13.49", "Step ms": "74.108", "Copy-kernel share": "90.6 %",
+    assert _metrics(at) == {"Decode tok/s": "13.49", "Step ms, no profiler": "74.108", "Copy-kernel share": "90.6 %",
                             "GPU busy share": "98.9 %"}
     assert at.caption[0].value.startswith("stepwatch · 3bee539 kernels: whole-row gather-cast")
     assert "variant full-pool-cast · reference · NVIDIA H200 · glm5 · batch 1 · context 2048 · CUDA graph" \
         in at.caption[0].value
     # a bundle's steps timed without the profiler: the Step ms tile is theirs
-    assert any(c.value.endswith("Profiled steps can run slower than the Step ms above, which was timed without the "
-                                "profiler.") for c in at.caption)
+    assert any(c.value.endswith("Profiled steps can run slower than the Step ms tile above, which was timed without "
+                                "the profiler.") for c in at.caption)
 
     kernels = at.dataframe[0].value
     assert len(kernels) == 16
-    assert list(at.dataframe[0].proto.column_order) == [  # the table's frame has more (Store.list_kernels)
-        "name", "category", "calls_per_step", "mean_us", "ms_per_step", "share", "gbps", "peak_fraction", "tflops",
-        "tbps", "compute_fraction", "bandwidth_fraction", "bound", "launcher", "source", "calls", "median_us", "p90_us",
-        "bytes_per_call"]
+    assert list(at.dataframe[0].proto.column_order) == [  # the table's frame has more (tables.build_kernel_table)
+        "short_name", "share", "ms_per_step", "calls_per_step", "mean_us", "tflops_shown", "tbps_shown",
+        "compute_fraction_shown", "bw_fraction_shown", "bound", "category", "launcher", "source", "calls", "median_us",
+        "p90_us", "bytes_per_call_shown", "name"]
     cast = kernels.iloc[0]
     assert cast["name"].startswith("void at::native::unrolled_elementwise_kernel")
     # the share in percent, as the table prints it ("90.4 %")
@@ -73,16 +74,26 @@ def test_cpu_only_trace_says_so(dashboard_db, open_page):
     at = open_page(dashboard_db, "run", run=str(find_run_id(dashboard_db, "cpu_small.trace.json")))
     assert not at.exception
     assert at.info[0].value.startswith("This trace has no GPU kernels (a CPU-only run;")
-    assert _metrics(at) == {"Decode tok/s": "—", "Step ms": "0.270", "Copy-kernel share": "46.6 %",
+    assert _metrics(at) == {"Decode tok/s": "—", "Step ms, profiled": "0.270", "Copy-kernel share": "46.6 %",
                             "GPU busy share": "—"}
     assert at.dataframe[0].value.iloc[0]["name"] == "aten::copy_"
     run_id = find_run_id(dashboard_db, "cpu_small.trace.json")
     assert [d.proto.label for d in at.get("download_button")] == [f"Download run{run_id}-cpu_small.trace.json"]
 
 
-def test_without_a_run_in_the_url_the_newest_run_is_shown(dashboard_db, open_page):
+def _default_run(db) -> int:
+    from db import views
+    from db.store import open_db
+
+    with open_db(db, read_only=True) as store:
+        return views.find_default_run(store, 0.05)["run_id"]
+
+
+def test_without_a_run_in_the_url_the_newest_run_with_rates_is_shown(dashboard_db, open_page):
     at = open_page(dashboard_db, "run")
-    assert at.query_params["run"] == str(find_run_id(dashboard_db, "cpu_small.trace.json"))
+    shown = int(at.query_params["run"])
+    assert shown == _default_run(dashboard_db) != find_run_id(dashboard_db, "cpu_small.trace.json")  # not the newest
+    assert at.dataframe[0].value["tbps"].gt(0).any()
 
 
 def test_an_unknown_run_is_a_sentence(dashboard_db, open_page):
@@ -125,10 +136,10 @@ def test_a_tp2_run_shows_its_ranks_and_the_rank_the_other_waits_for(tmp_path, op
     assert main(["import", str(DATA / "h200" / "tp2"), "--db", str(db)]) == 0
     at = open_page(db, "run", run="1")
     assert not at.exception
-    assert any(c.value.startswith("These figures, the checks and the diagnosis are rank 0's") for c in at.caption)
+    assert any(c.value.startswith("The checks and the diagnosis are rank 0's") for c in at.caption)
     # traces imported on their own have no timing without the profiler: Step ms is the profiled median
-    assert any(c.value.endswith("The Step ms above is these profiled steps' median: the run has no timing without "
-                                "the profiler.") for c in at.caption)
+    assert any(c.value.endswith("The Step ms tile above is these profiled steps' median: the run has no timing "
+                                "without the profiler.") for c in at.caption)
     assert "GPU not named" not in at.caption[0].value and "NVIDIA H200" in at.caption[0].value
     # (rank 0 spends most of its step in all-reduces that nothing overlaps: a pattern under the diagnosis)
     assert [s.value for s in at.subheader][:4] == ["Diagnosis", "Patterns", "Ranks", "Where the step time goes"]
@@ -157,12 +168,12 @@ def test_a_single_trace_of_rank_1_shows_its_kernels(tmp_path, open_page):
 
 
 def test_a_run_id_that_is_not_a_number_is_ignored_with_a_notice(dashboard_db, open_page):
-    newest = str(find_run_id(dashboard_db, "cpu_small.trace.json"))
+    newest = str(_default_run(dashboard_db))
     for bad in ("abc", "1;DROP TABLE runs", "-3", "0", "１２"):
         at = open_page(dashboard_db, "run", run=bad)
         assert not at.exception
         assert [w.value for w in at.warning] == [f"`?run={bad}` is not a run id (a positive whole number): ignored."]
-        assert at.query_params["run"] == newest  # the newest run is shown, and the URL says which
+        assert at.query_params["run"] == newest  # the default run is shown, and the URL says which
 
 
 def test_a_rank_the_run_does_not_have_is_a_notice(dashboard_db, open_page):
@@ -194,6 +205,7 @@ def test_the_eager_run_shows_its_roofline_and_the_table_its_rates(dashboard_db, 
     kernels = at.dataframe[0].value
     cast = kernels.iloc[0]
     assert cast["launcher"] == "aten::copy_" and cast["bound"] == "memory" and cast["tflops"] == 0
+    assert math.isnan(cast["tflops_shown"])  # a cast has no FLOPs: blank, not "0.000"
     # 495,000 x 576 FP8 read and the same in BF16 written (the table prints fractions in percent)
     assert cast["tbps"] == pytest.approx(495_000 * 576 * 3 / cast["mean_us"] / 1e6)
     assert cast["bandwidth_fraction"] == pytest.approx(100 * cast["tbps"] / 4.8)

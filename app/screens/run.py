@@ -1,33 +1,42 @@
 """Run: one run's figures, where its step time goes, its kernels, its job's log and its trace."""
 
 import streamlit as st
-import streamlit.components.v1 as components
 
 from app import charts, data, roofline
-from app.kpis import show_rank_balance, show_run_kpis
+from app.kpis import COPY_CATEGORIES, label_step_tile, select_rank_figures, show_rank_balance, show_run_kpis
 from app.labels import describe_graph_attribution, describe_run, describe_workload
 from app.markdown_text import escape_markdown_keeping_code, format_findings, format_markdown, format_pattern_findings
-from app.perfetto import PERFETTO_INLINE_MB, perfetto_button_html
-from app.tables import as_percent, filter_rows, kernel_columns
-from app.traces import TraceGone, download_name, list_trace_files, read_bytes_later, read_verified_bytes
+from app.tables import RUN_URL, build_kernel_table, filter_rows, kernel_columns
+from app.trace_panel import show_traces
 from app.widgets import quote_url_value, read_int_param, select_in_url
 from db import views
 
 st.title("Run")
 asked = read_int_param("run")
-recent, detail = data.load_all((views.list_recent_runs,), (views.get_run_detail, asked))
+recent, detail, default = data.load_all((views.list_recent_runs,), (views.get_run_detail, asked),
+                                        (views.find_default_run, roofline.ROOFLINE_MIN_COVERAGE))
 if recent.empty:
     st.info("No runs yet. Start one on the Run a benchmark page, or import a trace with "
             "`python -m ingest import PATH`.")
     st.stop()
 labels = {str(r.run_id): describe_run(r.run_id, r.short_sha, r.variant, r.workload_key) for r in recent.itertuples()}
-if asked is not None and str(asked) not in labels:
-    labels = {str(asked): f"run {asked}", **labels}
-run_id = int(select_in_url("Run", list(labels), "run", format_func=labels.get))
+for extra in (asked, default["run_id"]):
+    if extra is not None and str(extra) not in labels:
+        labels = {str(extra): f"run {extra}", **labels}
+run_id = int(select_in_url("Run", list(labels), "run", format_func=labels.get, default=str(default["run_id"])))
+if asked is None and run_id == default["run_id"]:  # ids are ints: nothing here needs escaping
+    newest = default["newest_run_id"]
+    why = ("the newest run whose kernels have measured rates (a roofline, and TB/s and TFLOP/s in the kernel table)"
+           if default["rated"] else "the newest run")
+    st.caption(f"No run in the address: this is run {run_id}, {why}"
+               + ("." if newest == run_id else f"; the newest run of all is [run {newest}]({RUN_URL.format(newest)})."))
 if run_id != asked:
     detail = data.load(views.get_run_detail, run_id)
 if detail is None:
     st.warning(f"There is no run {run_id} in this database.")
+    st.markdown(f"Open [run {default['run_id']}]({RUN_URL.format(default['run_id'])}) ("
+                + ("the newest run with measured rates" if default["rated"] else "the newest run")
+                + "), or pick a run above; Trends shows every series' runs.")
     st.stop()
 run = detail["run"]
 commit = f"{run['sha'][:7]} {run['subject'] or ''}" if run["sha"] else "no commit"
@@ -39,13 +48,25 @@ st.caption(format_markdown(
     workload=describe_workload(run["workload_key"]), steps=run["steps"], method=run["step_method"],
     at=run["imported_at"]))
 
-show_run_kpis(run)
-if len(detail["ranks"]) == 1 and detail["ranks"][0] != 0:
+ranks, first_rank = detail["ranks"], detail["rank"]
+if len(ranks) > 1:
+    rank = int(select_in_url("Rank", [str(r) for r in ranks], "rank", default=str(first_rank)))
+    if rank != detail["rank"]:
+        detail = data.load(views.get_run_detail, run_id, rank)
+elif st.query_params.get("rank") not in (None, str(first_rank)):
+    st.warning(format_markdown("{:code}: this run has one rank, {}, shown below.",
+                               quote_url_value("rank", st.query_params["rank"]), first_rank))
+    st.query_params.pop("rank")
+rank = detail["rank"]
+tiles = run if rank == first_rank else select_rank_figures(
+    run, rank, data.load(views.get_rank_figures, run_id, rank, list(COPY_CATEGORIES)))
+show_run_kpis(tiles, step_label=label_step_tile(tiles))
+if len(ranks) == 1 and ranks[0] != 0:
     st.caption(format_markdown("The trace of rank {} (of a multi-GPU job: its other ranks were not imported).",
-                               detail["ranks"][0]))
-if len(detail["ranks"]) > 1:
-    st.caption(format_markdown("These figures, the checks and the diagnosis are rank {}'s, the run's first; the Ranks "
-                               "section below has each rank's, and its kernels.", detail["ranks"][0]))
+                               ranks[0]))
+if len(ranks) > 1:
+    st.caption(format_markdown("The checks and the diagnosis are rank {}'s, the run's first; the Ranks section below "
+                               "has each rank's figures side by side.", first_rank))
 checks = run["consistency"] or {"checks": []}
 if checks.get("marked"):
     st.warning("**These figures disagree.** " + " ".join(
@@ -78,16 +99,8 @@ if patterns["findings"] or patterns["not_evaluated"]:
 for note in run["notes"]:
     st.caption(format_markdown("Note: {}", note))
 
-ranks = detail["ranks"]
 if len(ranks) > 1:
     show_rank_balance(detail["rank_stats"])
-    rank = int(select_in_url("Rank", [str(r) for r in ranks], "rank", default=str(detail["rank"])))
-    if rank != detail["rank"]:
-        detail = data.load(views.get_run_detail, run_id, rank)
-elif st.query_params.get("rank") not in (None, str(detail["rank"])):
-    st.warning(format_markdown("{:code}: this run has one rank, {}, shown below.",
-                               quote_url_value("rank", st.query_params["rank"]), detail["rank"]))
-    st.query_params.pop("rank")
 breakdown, means, kernels, job = detail["breakdown"], detail["means"], detail["kernels"], detail["job"]
 
 st.subheader("Where the step time goes")
@@ -95,9 +108,9 @@ if not breakdown.empty:
     left, right = st.columns([3, 2])
     left.altair_chart(charts.step_breakdown_chart(breakdown))
     right.altair_chart(charts.category_mean_chart(means))
-    timed = ("Profiled steps can run slower than the Step ms above, which was timed without the profiler."
-             if run["timing_ms_median"] is not None else
-             "The Step ms above is these profiled steps' median: the run has no timing without the profiler.")
+    timed = ("Profiled steps can run slower than the Step ms tile above, which was timed without the profiler."
+             if tiles["timing_ms_median"] is not None else
+             "The Step ms tile above is these profiled steps' median: the run has no timing without the profiler.")
     st.caption("Kernel time per category in each profiled step; a step lasts from its first kernel's start "
                "to its last kernel's end, and idle is the part of it in which no kernel ran. " + timed)
 
@@ -109,7 +122,7 @@ needle = st.text_input("Filter kernels", placeholder="name, category, launcher o
 shown = filter_rows(kernels, needle, ["name", "category", "launcher", "source", "graph_op", "graph_source"])
 st.caption(f"{len(shown)} of {len(kernels)} kernels, the most time first; click a column to sort.")
 columns = kernel_columns(attribution["method"] if attribution else None)
-st.dataframe(as_percent(shown), hide_index=True, column_config=columns, column_order=list(columns))
+st.dataframe(build_kernel_table(shown), hide_index=True, column_config=columns, column_order=list(columns))
 
 st.subheader("Roofline")
 missing = roofline.explain_missing(kernels, run["roofline"])
@@ -126,19 +139,4 @@ if job is not None:
         st.code(job["log"] or "(no output)", language=None)
 
 st.subheader("Trace")
-traces, gone = list_trace_files(run["trace_root"], run["trace_digests"])
-for why in gone:
-    st.caption(format_markdown("Trace no longer available: {}.", why))
-for trace in traces:
-    name = download_name(run_id, run["sha"], run["variant"], trace.name)
-    st.download_button(format_markdown("Download {}", name), read_bytes_later(trace), file_name=name,
-                       mime="application/octet-stream", icon=":material/download:", key=f"trace_{trace.path}")
-    if trace.size_bytes <= PERFETTO_INLINE_MB << 20:
-        try:
-            components.html(perfetto_button_html(read_verified_bytes(trace), f"stepwatch {name}", name), height=46)
-        except TraceGone as e:
-            st.caption(format_markdown("Trace no longer available: {}.", e))
-if traces:
-    st.caption(f"Open in Perfetto sends the trace from this page to ui.perfetto.dev in a new tab (your browser "
-               f"to Perfetto's page, nothing uploaded; traces up to {PERFETTO_INLINE_MB} MB); or open the "
-               "downloaded file there (Open trace file) to see each step's kernels on a timeline.")
+show_traces(run_id, run, rank)
