@@ -393,3 +393,14 @@ def test_a_busy_gpu_gets_no_host_bound_finding_and_a_graph_replay_no_replay_line
                                    "takes 24.7 % of all kernel time")
     assert summary.text.endswith(", replayed from a CUDA graph.") and "cuda_graph_runner" not in summary.text
     assert len(shorten_kernel_name(summary.kernel)) == MAX_SHORT_NAME_CHARS < len(summary.kernel) / 5
+
+
+def test_a_slow_rate_is_printed_with_its_digits_not_as_zero():
+    """#34 item 1: 'It moves 789 kB per call at 0 GB/s' (a rate under 0.5 GB/s rounded to 0)."""
+    from ingest.regress.diagnose import _bandwidth_findings
+
+    row = {"name": "k", "category": "memcpy", "launcher": "aten::copy_", "source": "", "calls_per_step": 1.0,
+           "ms_per_step": 1.9, "bytes_per_call": 789_000.0, "gbps": 0.415, "peak_fraction": 0.415 / 4800}
+    facts = RunFacts(step_ms=10.0, kernels=[row], peak_gbps=4800.0, device_name="NVIDIA H200")
+    (finding,) = _bandwidth_findings(row, facts)
+    assert finding.text.startswith("It moves 789 kB per call at 0.41 GB/s"), finding.text

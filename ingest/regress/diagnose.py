@@ -370,7 +370,7 @@ def _bandwidth_findings(row: Mapping[str, Any], facts: RunFacts) -> list[Finding
     text = f"It moves {_fmt_bytes(bytes_per_call)} per call"
     if _is_number(gbps):
         numbers["gbps"] = float(gbps)
-        text += f" at {gbps:,.0f} GB/s"
+        text += f" at {_fmt_rate(gbps)} GB/s"  # 0.42 GB/s, not "0 GB/s"
         if _is_number(facts.peak_gbps) and facts.peak_gbps > 0 and _is_number(fraction):
             numbers.update(peak_gbps=float(facts.peak_gbps), peak_fraction=float(fraction))
             device = f"the {facts.device_name}'s" if facts.device_name else "the device's"
