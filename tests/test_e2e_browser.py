@@ -264,7 +264,7 @@ def test_a_repeat_reads_as_noise_and_each_demo_event_is_one_line_and_one_card(da
     # metric delta has no stMetricDelta test id to count it by here)
     # the profiled bars run the other way (-0.010 ms a step): the page says why, in one sentence
     assert text.count("The bars and the verdict disagree in sign because they measure different steps") == 1
-    _shot(page, "10-compare-a-repeat", charts=2)
+    _shot(page, "10-compare-a-repeat", charts=1)  # (its second chart, the kernels, may draw no mark for a repeat)
 
     # the regression's two commits, each pooling its two runs: tiles, verdict and diagnosis agree,
     # and the change point at d445ae3 is one line with its kernels
