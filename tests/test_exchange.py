@@ -206,7 +206,9 @@ def changes_of(db: Path) -> list[dict]:
     changes["last_good_run"] = changes.pop("last_good_run_id").map(hashes)
     changes["first_bad_run"] = changes.pop("first_bad_run_id").map(hashes)
     changes["diagnosis"] = changes["diagnosis"].map(json.dumps)
-    rows = changes.drop(columns=["change_id", "detected_at"]).sort_values(["series_id", "metric"])
+    # (commit ids, like change ids, are this database's own numbers: the shas say which commits)
+    rows = changes.drop(columns=["change_id", "detected_at", "last_good_commit_id", "first_bad_commit_id"]
+                        ).sort_values(["series_id", "metric"])
     return [dict(zip(rows.columns, _plain(tuple(r)))) for r in rows.itertuples(index=False)]
 
 
