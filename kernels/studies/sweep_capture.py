@@ -8,7 +8,7 @@ served pool would hold: the largest point, bs 128 x 4K, fits), since a server's 
 its batch. The two variants are the whole-pool cast (the seeds' bug) and the fused gather-cast (the
 patch's path); they alternate point by point so both see the machine's drift alike. After the grid,
 REPEAT_POINTS are run twice more each (three runs there), as long as `--budget-s` allows; the run stops
-starting bundles once it has passed. Bundles come back as one tar file (`sweep.tar`), the order and each
+starting bundles once it has passed; `--start N` goes on from the plan's point N. Bundles come back as one tar file (`sweep.tar`), the order and each
 run's wall time in sweep.json. torch + the standard library only, so it runs on the GPU machine as is.
 """
 
@@ -41,12 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=225.0)
     p.add_argument("--work", type=Path, default=Path("/tmp/sweep_capture"))
+    p.add_argument("--start", type=int, default=0, help="skip the plan's first START points (a budget cut them short before)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     runs = []
     for n, (bs, ctx, kv) in enumerate(plan()):
+        if n < args.start:
+            continue
         if time.monotonic() - began > args.budget_s:
             break
         bundle = args.work / f"{n:03d}-{kv}-bs{bs}-ctx{ctx}"
