@@ -429,3 +429,80 @@ def roofline_chart(points: pd.DataFrame, roofs: pd.DataFrame, hbm: pd.DataFrame)
                                              title="kernels without FLOPs (casts, copies): bandwidth is their roof")
     return alt.vconcat(left, right).resolve_scale(color="shared", strokeDash="independent").configure_legend(
         orient="bottom", direction="horizontal", columns=4)
+
+
+PICK_POINT = "pick_point"  # the sweep chart's click selection: {"pick_point": [{"run_id": ...}]}
+SPEEDUP_COLOURS = {"improvement": IMPROVEMENT_COLOUR, "regression": REGRESSION_COLOUR, "within noise": "#7f7f7f",
+                   "too noisy": "#bcbd22", "not enough data": "#9ecae1"}
+
+
+def _batch_axis(title: str | None, sizes) -> alt.X:
+    """Batch size on a log axis, ticks at the sizes measured."""
+    values = sorted({int(b) for b in sizes})
+    return alt.X("batch_size:Q", title=title, scale=alt.Scale(type="log", base=2, nice=False,
+                                                              domain=[values[0] / 1.3, values[-1] * 1.3] if values
+                                                              else alt.Undefined),
+                 axis=alt.Axis(values=values, format="d", grid=False))
+
+
+def sweep_chart(points: pd.DataFrame, verdicts: pd.DataFrame | None = None, panel_width: int = 200,
+                panel_height: int = 150, per_row: int = 3) -> alt.VConcatChart:
+    """tok/s and per-token step time (step ms / batch size) against batch size, both on log axes,
+    one line per variant (app.sweeps.pool_points' frame, one commit and context), and with
+    `verdicts` (app.sweeps.judge_points' frame) the speed-up panel (speedup_chart); `per_row`
+    panels a row (3: one row; less: the speed-up under the other two). Each point is a batch size's runs pooled; clicking a tok/s point selects its
+    newest run (PICK_POINT)."""
+    pick = alt.selection_point(name=PICK_POINT, fields=["run_id"], on="click", clear="dblclick")
+    x = _batch_axis("batch size (log)", points["batch_size"])
+    colour = alt.Color("variant:N", title="variant", scale=alt.Scale(scheme="tableau10"),
+                       legend=alt.Legend(orient="bottom", labelLimit=140))
+    tooltip = [alt.Tooltip("variant:N", title="variant"), alt.Tooltip("batch_size:Q", title="batch size"),
+               alt.Tooltip("tok_per_s:Q", title="tok/s", format=",.1f"),
+               alt.Tooltip("step_ms:Q", title="step ms", format=",.2f"),
+               alt.Tooltip("ms_per_token:Q", title="ms per token", format=",.3f"),
+               alt.Tooltip("copy_share:Q", title="copy share", format=".1%"),
+               alt.Tooltip("runs:Q", title="runs pooled"), alt.Tooltip("run_id:Q", title="run (click to open)")]
+    base = alt.Chart(points).encode(x=x, color=colour)
+
+    def panel(field: str, title: str, fmt: str, selectable: bool) -> alt.LayerChart:
+        y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(type="log"), axis=alt.Axis(format=fmt))
+        dots = base.mark_point(filled=True, size=70).encode(y=y, tooltip=tooltip)
+        if selectable:
+            dots = dots.encode(size=alt.condition(pick, alt.value(120), alt.value(70))).add_params(pick)
+        return alt.layer(base.mark_line(strokeWidth=2).encode(y=y), dots).properties(width=panel_width,
+                                                                                     height=panel_height)
+
+    pair = alt.hconcat(panel("tok_per_s", "decode tok/s (log)", "~s", True),
+                       panel("ms_per_token", "step ms per token (log)", "~g", False)).resolve_scale(color="shared")
+    if verdicts is None:
+        return alt.vconcat(pair)
+    speedups = speedup_chart(verdicts, panel_width, panel_height)
+    whole = alt.hconcat(pair, speedups) if per_row >= 3 else alt.vconcat(pair, speedups)
+    return alt.vconcat(whole.resolve_scale(color="independent", shape="independent"))
+
+
+def speedup_chart(verdicts: pd.DataFrame, panel_width: int = 260, panel_height: int = 170) -> alt.LayerChart:
+    """Each variant's speed-up against the baseline per batch size (app.sweeps.judge_points' frame):
+    a point per batch size coloured by its verdict, a bar its 95 % interval (none without a
+    run-to-run spread), a rule at 1x (no change); log axes."""
+    rows = verdicts.dropna(subset=["speedup"])
+    x = _batch_axis("batch size (log)", rows["batch_size"])
+    tooltip = [alt.Tooltip("variant:N", title="variant"), alt.Tooltip("batch_size:Q", title="batch size"),
+               alt.Tooltip("speedup:Q", title="speed-up", format=".2f"),
+               alt.Tooltip("speedup_low:Q", title="95 % interval from", format=".2f"),
+               alt.Tooltip("speedup_high:Q", title="95 % interval to", format=".2f"),
+               alt.Tooltip("verdict:N", title="verdict"), alt.Tooltip("spread:N", title="run-to-run spread"),
+               alt.Tooltip("run_id:Q", title="run")]
+    colour = alt.Color("verdict:N", title="verdict", legend=alt.Legend(orient="bottom"),
+                       scale=alt.Scale(domain=list(SPEEDUP_COLOURS), range=list(SPEEDUP_COLOURS.values())))
+    y = alt.Y("speedup:Q", title=f"speed-up vs {rows['baseline'].iloc[0] if len(rows) else 'baseline'} (log)",
+              scale=alt.Scale(type="log"), axis=alt.Axis(format="~g"))
+    base = alt.Chart(rows).encode(x=x)
+    one = alt.Chart(pd.DataFrame({"speedup": [1.0]})).mark_rule(strokeDash=[4, 3], color="#888").encode(
+        y=alt.Y("speedup:Q", scale=alt.Scale(type="log")))
+    interval = base.transform_filter("isValid(datum.speedup_low)").mark_rule(strokeWidth=8, opacity=0.35).encode(
+        y=alt.Y("speedup_low:Q", scale=alt.Scale(type="log")), y2="speedup_high:Q", color=colour, tooltip=tooltip)
+    line = base.mark_line(strokeWidth=1, color="#999").encode(y=y, detail="variant:N")
+    dots = base.mark_point(filled=True, size=80).encode(y=y, color=colour, shape=alt.Shape("variant:N", legend=None),
+                                                        tooltip=tooltip)
+    return alt.layer(one, interval, line, dots).properties(width=panel_width, height=panel_height)

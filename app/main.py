@@ -27,6 +27,7 @@ st.navigation([
     st.Page(_trends_by_name, title="Trends", url_path="trends", visibility="hidden"),
     st.Page("screens/run.py", title="Run", icon=":material/bar_chart:", url_path="run"),
     st.Page("screens/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+    st.Page("screens/sweep.py", title="Sweep", icon=":material/stacked_line_chart:", url_path="sweep"),
     st.Page("screens/regressions.py", title="Regressions", icon=":material/trending_down:", url_path="regressions"),
     st.Page("screens/run_benchmark.py", title="Run a benchmark", icon=":material/play_arrow:",
             url_path="run_benchmark"),

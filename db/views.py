@@ -20,6 +20,7 @@ import pandas as pd
 from .series import (STEP_MS, SERIES_KEY, in_series_sql, same_series_sql, series_columns_sql, series_id_sql,
                      series_names_sql)
 from .store import Store
+from .sweeps import get_sweep_runs, list_sweeps  # noqa: F401 (the sweep page's reads, app.data loads views by name)
 
 _SERIES_NAMES = series_columns_sql("r", "p")
 def _one(store: Store, sql: str, params: list) -> dict[str, Any] | None:
