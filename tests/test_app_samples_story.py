@@ -29,7 +29,7 @@ def samples_db(tmp_path_factory):
     done = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "loaded 26 sample runs" in done.stderr
+    assert "loaded 43 sample runs" in done.stderr  # 26 bundles at the top, 17 of the H200 sweep
     return db
 
 
@@ -123,7 +123,7 @@ def test_the_regression_pair_is_changed_with_the_spread_in_its_interval(samples_
     assert "run-to-run spread 2.8 % from 6 repeated runs (pooled within commits)" in verdict
     assert at.dataframe[0].value["verdict"].tolist() == ["regression"]
     with open_db(samples_db, read_only=True) as store:
-        assert store.count_rows()["runs"] == 26
+        assert store.count_rows()["runs"] == 43
 
 
 def test_an_axis_mode_or_breakdown_that_does_not_exist_is_a_notice(samples_db, open_page):
