@@ -450,8 +450,8 @@ def sweep_chart(points: pd.DataFrame, verdicts: pd.DataFrame | None = None, pane
     """tok/s and per-token step time (step ms / batch size) against batch size, both on log axes,
     one line per variant (app.sweeps.pool_points' frame, one commit and context), and with
     `verdicts` (app.sweeps.judge_points' frame) the speed-up panel (speedup_chart); `per_row`
-    panels a row (3: one row; less: the speed-up under the other two). Each point is a batch size's runs pooled; clicking a tok/s point selects its
-    newest run (PICK_POINT)."""
+    panels a row (3: one row; less: the speed-up under the other two). Each point is a batch
+    size's runs pooled; clicking a tok/s point selects its newest run (PICK_POINT)."""
     pick = alt.selection_point(name=PICK_POINT, fields=["run_id"], on="click", clear="dblclick")
     x = _batch_axis("batch size (log)", points["batch_size"])
     colour = alt.Color("variant:N", title="variant", scale=alt.Scale(scheme="tableau10"),

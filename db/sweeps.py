@@ -7,8 +7,9 @@ sweeps alike.
 A sweep's workload, its `family key`, is the run's workload key (the workload without its variant
 and run-length fields: db.series) with the fields that vary along a sweep (SWEEP_FIELDS) taken
 out; pages name a sweep by `sweep_id`, the first 10 hex digits of the md5 of its repository,
-engine, GPU and family key (one short value for a URL, as series are named by workload_id). A point's runs are one series (db.series: one workload key), so the noise model's
-spread of a point is its own series'.
+engine, GPU and family key (one short value for a URL, as series are named by workload_id). A
+point's runs are one series (db.series: one workload key), so the noise model's spread of a point
+is its own series'.
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ def list_sweeps(store: Store) -> pd.DataFrame:
     committed_at, runs, batch_sizes, contexts and variants (sorted lists). The newest commit first,
     then the sweep with the most runs."""
     return store.con.execute(
-        "SELECT repo, engine, device, sweep_id, any_value(workload_key) AS workload_key, sha, left(sha, 7) AS short_sha,"
+        "SELECT repo, engine, device, sweep_id, any_value(workload_key) AS workload_key, sha,"
+        " left(sha, 7) AS short_sha,"
         " coalesce(subject, '') AS subject, seq, committed_at, count(*) AS runs,"
         " list(DISTINCT batch_size ORDER BY batch_size) AS batch_sizes,"
         " list(DISTINCT context ORDER BY context) FILTER (WHERE context IS NOT NULL) AS contexts,"
         " list(DISTINCT variant ORDER BY variant) AS variants"
         f" FROM (SELECT {_NAMES[0]} AS repo, {_NAMES[1]} AS engine, {_NAMES[2]} AS device,"
-        f"  {_FAMILY_KEY} AS family_key, {_SWEEP_ID} AS sweep_id, r.workload_key, c.sha, c.subject, c.seq, c.committed_at, r.batch_size,"
+        f"  {_FAMILY_KEY} AS family_key, {_SWEEP_ID} AS sweep_id, r.workload_key, c.sha, c.subject, c.seq,"
+        "  c.committed_at, r.batch_size,"
         f"  {_CONTEXT} AS context, coalesce(r.variant, '') AS variant"
         "  FROM runs r JOIN commits c ON c.commit_id = r.commit_id LEFT JOIN repos p ON p.repo_id = r.repo_id"
         "  WHERE r.batch_size IS NOT NULL)"

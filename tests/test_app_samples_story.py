@@ -176,3 +176,17 @@ def test_compare_says_why_the_category_bars_and_the_verdict_differ_in_sign(sampl
     c, d = (find_run_id(samples_db, f"demo-{s}-1-glm5-graph") for s in ("05a3934", "d445ae3"))
     agree = open_page(samples_db, "compare", a=str(c), b=str(d), by="runs")
     assert not [x for x in agree.caption if "disagree in sign" in x.value]
+
+
+def test_the_sweep_page_on_the_samples_answers_what_the_patch_buys_at_bs_32(samples_db, open_page):
+    # the H200 sweep of the samples (app/sample_data/sweeps): the only sweep among the 43 runs
+    at = open_page(samples_db, "sweep")
+    assert not at.exception
+    [sentence] = [m.value for m in at.markdown if "at bs 32" in m.value]
+    assert sentence.startswith("**fused measured 11.9x faster than full-pool-cast at bs 1, 9.8x at bs 4, 8.0x at "
+                               "bs 16, 6.1x at bs 32 and 2.6x at bs 128 (context 1K, at 0bc00a5)")
+    row = at.dataframe[0].value.set_index("batch_size").loc[32]
+    assert (round(row["baseline_step_ms"], 2), round(row["step_ms"], 2), round(row["speedup"], 2)) == (
+        95.74, 15.62, 6.13)
+    assert row["verdict"] == "not enough data"  # one run a point: no run-to-run spread
+    assert (round(row["baseline_copy_share"], 1), round(row["copy_share"], 1)) == (84.2, 9.7)
