@@ -68,11 +68,12 @@ from .series import series_columns_sql
 from .store import Store, _migration_files
 
 FORMAT = "stepwatch-history"
-VERSION = 4  # 2: runs.timeline, consistency, patterns and kernel_stats.input_dtypes (migration 010);
+VERSION = 5  # 2: runs.timeline, consistency, patterns and kernel_stats.input_dtypes (migration 010);
 # 3: runs.roofline and kernel_stats' roofline columns (migration 011), runs.graph_attribution and
 # kernel_stats.graph_op, graph_source, graph_layers (migration 012); 4: runs.trace_root and
-# trace_digests (migration 013), kept by a merge only where the traces verify on this machine
-READS = (1, 2, 3, 4)  # versions this stepwatch merges; an older version's missing columns arrive as NULL
+# trace_digests (migration 013), kept by a merge only where the traces verify on this machine;
+# 5: runs.sweep_id, sweep_point and the engine's own figures (migration 015)
+READS = (1, 2, 3, 4, 5)  # versions this stepwatch merges; an older version's missing columns arrive as NULL
 MANIFEST_NAME = "manifest.json"
 
 # Each table that travels, its columns and their DuckDB types in the order of the migrations
@@ -90,7 +91,10 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
              ("workload_key", "VARCHAR"), ("batch_size", "INTEGER"), ("timing_ms_median", "DOUBLE"),
              ("timing_ms_p10", "DOUBLE"), ("timing_ms_p90", "DOUBLE"), ("diagnosis", "JSON"), ("notes", "JSON"),
              ("timeline", "JSON"), ("consistency", "JSON"), ("patterns", "JSON"), ("roofline", "JSON"),
-             ("graph_attribution", "JSON"), ("trace_root", "VARCHAR"), ("trace_digests", "JSON")),
+             ("graph_attribution", "JSON"), ("trace_root", "VARCHAR"), ("trace_digests", "JSON"),
+             ("sweep_id", "VARCHAR"), ("sweep_point", "INTEGER"), ("prefill_ms", "DOUBLE"),
+             ("prefill_tok_per_s", "DOUBLE"), ("decode_ms_median", "DOUBLE"), ("decode_tok_per_s_median", "DOUBLE"),
+             ("total_latency_ms", "DOUBLE"), ("peak_gpu_mem_bytes", "BIGINT")),
     "steps": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("wall_us", "DOUBLE"),
               ("gpu_busy_us", "DOUBLE"), ("kernel_us", "DOUBLE")),
     "step_categories": (("run_id", "INTEGER"), ("rank", "INTEGER"), ("step", "INTEGER"), ("category", "VARCHAR"),
@@ -115,7 +119,9 @@ ADDED_IN = {2: {"runs": ("timeline", "consistency", "patterns"), "kernel_stats":
                 "kernel_stats": ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbps",
                                  "compute_fraction", "bandwidth_fraction", "bound", "graph_op", "graph_source",
                                  "graph_layers")},
-            4: {"runs": ("trace_root", "trace_digests")}}
+            4: {"runs": ("trace_root", "trace_digests")},
+            5: {"runs": ("sweep_id", "sweep_point", "prefill_ms", "prefill_tok_per_s", "decode_ms_median",
+                         "decode_tok_per_s_median", "total_latency_ms", "peak_gpu_mem_bytes")}}
 
 
 def format_columns(table: str, version: int = VERSION) -> tuple[tuple[str, str], ...]:

@@ -76,12 +76,25 @@ class RunRecord:
     # {"name", "bytes", "sha256"} (None: none is offered)
     trace_root: str | None = None
     trace_digests: list | None = None
+    # a sweep's point (migration 015): the sweep's id and the point's index among its combinations
+    sweep_id: str | None = None
+    sweep_point: int | None = None
+    # the engine's own figures of the point (SGLang one-batch's JSONL; migration 015), NULL where none
+    prefill_ms: float | None = None
+    prefill_tok_per_s: float | None = None
+    decode_ms_median: float | None = None
+    decode_tok_per_s_median: float | None = None
+    total_latency_ms: float | None = None
+    peak_gpu_mem_bytes: int | None = None
 
 
 RunTables = dict  # "steps", "cats", "kernels" and maybe "ranks": each a dict of NumPy columns (or an Arrow table)
 # kernel_stats' roofline columns (migration 011; ingest/traces/roofline.py), NaN stored as NULL
 ROOFLINE_COLUMNS = ("flops_per_call", "model_bytes_per_call", "intensity", "tflops", "tbps", "compute_fraction",
                     "bandwidth_fraction", "bound")
+# a sweep point's run columns (migration 015), written as the record holds them
+SWEEP_COLUMNS = ("sweep_id", "sweep_point", "prefill_ms", "prefill_tok_per_s", "decode_ms_median",
+                 "decode_tok_per_s_median", "total_latency_ms", "peak_gpu_mem_bytes")
 _ROOFLINE_SELECT = ", ".join(f"CASE WHEN isnan({c}) THEN NULL ELSE {c} END" for c in ROOFLINE_COLUMNS[:-1])
 
 
@@ -386,7 +399,8 @@ class Store:
         try:
             existing = self.find_run_by_hash(rec.content_hash)
             if existing is None and rec.job_id is not None:
-                existing = self.find_run_of_job(rec.job_id)  # at most one run per job, whatever its attempts
+                # at most one run per job (per point of a sweep job), whatever its attempts
+                existing = self.find_run_of_job(rec.job_id, rec.sweep_point)
             if existing is not None:
                 con.execute("ROLLBACK")
                 return existing, False
@@ -398,8 +412,9 @@ class Store:
                 " layers, copy_share, gpu_busy_share, kernel_us_total, kernels_from_cpu_ops,"
                 " source_path, manifest, workload_key, batch_size, timing_ms_median, timing_ms_p10,"
                 " timing_ms_p90, job_id, diagnosis, notes, timeline, consistency, patterns, graph_attribution,"
-                " roofline, trace_root, trace_digests) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " roofline, trace_root, trace_digests, " + ", ".join(SWEEP_COLUMNS) + ")"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?" + ", ?" * len(SWEEP_COLUMNS) + ")"
                 " RETURNING run_id",
                 [rec.content_hash, repo_id, commit_id, rec.variant, rec.engine,
                  json.dumps(rec.workload) if rec.workload is not None else None,
@@ -413,7 +428,8 @@ class Store:
                  json.dumps(rec.notes) if rec.notes else None,
                  *(json.dumps(v) if v is not None else None
                    for v in (rec.timeline, rec.consistency, rec.patterns, rec.graph_attribution, rec.roofline)),
-                 rec.trace_root, json.dumps(rec.trace_digests) if rec.trace_digests is not None else None],
+                 rec.trace_root, json.dumps(rec.trace_digests) if rec.trace_digests is not None else None,
+                 *(getattr(rec, c) for c in SWEEP_COLUMNS)],
             ).fetchone()[0]
             for name, table in tables.items():
                 con.register(f"new_{name}", table)
@@ -482,7 +498,7 @@ class Store:
         " r.tok_per_s, r.layers, r.copy_share, r.gpu_busy_share, r.kernel_us_total, r.kernels_from_cpu_ops,"
         " r.source_path, json_extract(r.manifest, '$.traces') AS trace_files, r.job_id, r.imported_at,"
         " r.diagnosis, r.notes, r.timeline, r.consistency, r.patterns, r.graph_attribution, r.roofline,"
-        " r.trace_root, r.trace_digests,"
+        " r.trace_root, r.trace_digests, " + ", ".join(f"r.{c}" for c in SWEEP_COLUMNS) + ","
         " (SELECT count(*) FROM kernel_stats k WHERE k.run_id = r.run_id) AS kernel_rows"
         " FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id LEFT JOIN commits c ON c.commit_id = r.commit_id")
 
@@ -580,13 +596,14 @@ class Store:
     # -- the job queue ------------------------------------------------------------------
     JOB_FIELDS = ("job_id", "spec", "label", "status", "error_kind", "error", "queued_at", "started_at",
                   "finished_at", "heartbeat_at", "worker", "steps_done", "steps_planned",
-                  "cancel_requested", "run_id", "batch", "attempts")
+                  "cancel_requested", "run_id", "batch", "attempts", "sweep_id")
     LOG_LIMIT = 64 * 1024
 
     def enqueue_job(self, spec_json: str, label: str, batch: str | None = None) -> int:
         return self.con.execute(
-            "INSERT INTO jobs (spec, label, batch) VALUES (?, ?, ?) RETURNING job_id",
-            [spec_json, label, batch],
+            "INSERT INTO jobs (spec, label, batch, sweep_id) VALUES (?, ?, ?, json_extract_string(?, '$.sweep_id'))"
+            " RETURNING job_id",
+            [spec_json, label, batch, spec_json],
         ).fetchone()[0]
 
     def claim_job(self, worker: str, job_id: int | None = None, worker_proc: str | None = None) -> dict | None:
@@ -723,8 +740,10 @@ class Store:
             " FROM jobs WHERE status = 'running' ORDER BY job_id", [stale_s]).fetchall()
         return [dict(zip(fields, row)) for row in rows]
 
-    def find_run_of_job(self, job_id: int) -> int | None:
-        row = self.con.execute("SELECT min(run_id) FROM runs WHERE job_id = ?", [job_id]).fetchone()
+    def find_run_of_job(self, job_id: int, sweep_point: int | None = None) -> int | None:
+        """The job's run (its first); with `sweep_point`, the run of that point of a sweep job."""
+        row = self.con.execute("SELECT min(run_id) FROM runs WHERE job_id = ? AND (? IS NULL OR sweep_point = ?)",
+                               [job_id, sweep_point, sweep_point]).fetchone()
         return row[0] if row else None
 
     def request_cancel(self, job_id: int) -> str | None:

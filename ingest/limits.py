@@ -69,3 +69,11 @@ CONFIRM_PAIRS = 2
 # confirmations a series gets at most, ever (each one window, re-run once): a re-run moves a change
 # point at most so often before the series is left to people; 4 windows are 16 runs
 MAX_CONFIRMATIONS_PER_SERIES = 4
+
+# -- sweeps (ingest/runs/spec.py SweepSpec): a spec whose workload lists batch sizes / lengths is one
+# run a combination. The issue's H200 sweep is bs 1-128 in powers of two (8 values) x 2 contexts = 16
+# points a variant; SGLang's nightly one-batch runs list 3-6 batch sizes x 1-3 input lengths. 64 points
+# is 4x the largest of these: a sweep of an SGLang model runs them in ONE process (the model loaded
+# once), whose timeout_s bounds the whole sweep, and 64 reference jobs at ~1-2 min each are an hour.
+MAX_SWEEP_POINTS = 64  # combinations of one sweep (the product of its lists' lengths)
+MAX_SWEEP_VALUES = 16  # values of one listed field (1 to 32K in powers of two is 16)

@@ -19,7 +19,7 @@ import pytest
 from db import views
 from db.exchange import (TABLES, LOCAL_COLUMNS, ExchangeError, check_history, export_history, merge_history,
                          read_history)
-from db.store import open_db
+from db.store import SWEEP_COLUMNS, open_db
 from ingest.cli import main
 from ingest.commands import make_merge_checks
 from ingest.runs.track import follow_series, track_changes
@@ -112,7 +112,7 @@ def test_the_manifest_names_the_format_schema_tables_and_rows(dashboard_db, fixt
     manifest = json.loads((fixture_export / "manifest.json").read_text())
     with open_db(dashboard_db, read_only=True) as store:
         schema = max(store.list_schema_versions())
-    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 4, schema)
+    assert (manifest["format"], manifest["version"], manifest["schema_version"]) == ("stepwatch-history", 5, schema)
     assert sorted(manifest["tables"]) == sorted(TABLES)
     counts = row_counts(dashboard_db)
     assert {t: e["rows"] for t, e in manifest["tables"].items()} == {t: counts[t] for t in TABLES}
@@ -290,7 +290,7 @@ def test_an_export_of_format_version_1_still_merges_its_new_columns_arriving_emp
     kernel_stats.input_dtypes; an export written before (version 1, without them) merges whole."""
     old = Path(shutil.copytree(fixture_export, tmp_path / "v1"))
     _rewrite(old, "runs", "SELECT * EXCLUDE (timeline, consistency, patterns, roofline, graph_attribution,"
-             " trace_root, trace_digests) FROM {src}")
+             " trace_root, trace_digests, " + SWEEP + ") FROM {src}")
     _rewrite(old, "kernel_stats", f"SELECT * EXCLUDE (input_dtypes, {ROOFLINE}, graph_op, graph_source, graph_layers)"
              " FROM {src}")
     _set_manifest(old, lambda m: m.update(version=1))
@@ -300,7 +300,7 @@ def test_an_export_of_format_version_1_still_merges_its_new_columns_arriving_emp
         assert store.con.execute("SELECT count(*) FROM runs WHERE timeline IS NULL AND consistency IS NULL"
                                  " AND patterns IS NULL").fetchone()[0] == 23
         assert store.con.execute("SELECT count(*) FROM kernel_stats WHERE input_dtypes IS NULL").fetchone()[0] == 342
-    later = ("timeline", "consistency", "patterns", "roofline", "trace_root", "trace_digests")
+    later = ("timeline", "consistency", "patterns", "roofline", "trace_root", "trace_digests", *SWEEP_COLUMNS)
     v2 = canonical_export(fixture_export, drop=later)
     merged = canonical_export(export(tmp_path / "m.duckdb", tmp_path / "again"), drop=later)
     assert merged["runs"] == v2["runs"] and merged["steps"] == v2["steps"]
@@ -310,7 +310,8 @@ def test_an_export_of_format_version_2_merges_with_graph_attribution_arriving_em
     """Version 3 added graph-kernel attribution (runs.graph_attribution, kernel_stats.graph_op,
     graph_source, graph_layers: migration 012); an export of version 2 merges whole without them."""
     old = Path(shutil.copytree(fixture_export, tmp_path / "v2"))
-    _rewrite(old, "runs", "SELECT * EXCLUDE (roofline, graph_attribution, trace_root, trace_digests) FROM {src}")
+    _rewrite(old, "runs", "SELECT * EXCLUDE (roofline, graph_attribution, trace_root, trace_digests, " + SWEEP
+             + ") FROM {src}")
     _rewrite(old, "kernel_stats", f"SELECT * EXCLUDE ({ROOFLINE}, graph_op, graph_source, graph_layers) FROM {{src}}")
     _set_manifest(old, lambda m: m.update(version=2))
     result = merge(tmp_path / "m.duckdb", old)
@@ -326,6 +327,8 @@ def test_an_export_of_format_version_2_merges_with_graph_attribution_arriving_em
                                  ).fetchone()[0] == 342
 
 
+# the runs' sweep columns (migration 015, format version 5): an older export has none
+SWEEP = ", ".join(SWEEP_COLUMNS)
 # the roofline's kernel_stats columns (migration 011, format version 3)
 ROOFLINE = ("flops_per_call, model_bytes_per_call, intensity, tflops, tbps, compute_fraction, bandwidth_fraction,"
             " bound")
@@ -380,8 +383,8 @@ BAD = {  # case: (how the good export is spoilt, what the one line says)
     "manifest-not-json": (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json: not JSON"),
     "other-format": (lambda d: _set_manifest(d, lambda m: m.update(format="stepwatch-bundle")),
                      "manifest.json: field 'format' is 'stepwatch-bundle', expected 'stepwatch-history'"),
-    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=5)),
-                      "manifest.json: field 'version' is 5; this stepwatch reads versions 1, 2, 3, 4"),
+    "other-version": (lambda d: _set_manifest(d, lambda m: m.update(version=6)),
+                      "manifest.json: field 'version' is 6; this stepwatch reads versions 1, 2, 3, 4, 5"),
     "newer-schema": (lambda d: _set_manifest(d, lambda m: m.update(schema_version=m["schema_version"] + 1)),
                      "newer than this database's schema"),
     "table-left-out": (lambda d: _set_manifest(d, lambda m: m["tables"].pop("rank_stats")),

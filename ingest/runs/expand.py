@@ -19,14 +19,16 @@ from .connect import make_host_for
 from .errors import SpecError
 from .git import CommitInfo, list_first_parent
 from .repos import locate_repo
-from .spec import Config, RangeSpec, RunSpec, parse_spec, place_at_commit
+from .spec import Config, RangeSpec, RunSpec, SweepSpec, list_spec_jobs, parse_any_spec, place_at_commit
 
 
 @dataclass(frozen=True)
 class Expansion:
-    """What a range job queues: run specs, the commits they measure (to record) and their repo."""
+    """What a range job queues: run specs (or sweeps: a run body listing batch sizes / lengths is
+    one sweep a commit, each with a sweep id of its own), the commits they measure (to record)
+    and their repo."""
 
-    specs: list[RunSpec]
+    specs: list[RunSpec | SweepSpec]
     commits: list[CommitInfo]
     repo: str | None
     batch: str
@@ -36,7 +38,14 @@ class Expansion:
         refs = max(len(self.commits), 1)
         runs = len(self.specs) // refs
         what = _count(refs, "commit") if self.commits else "1 ref"
-        return f"queued {_count(len(self.specs), 'job')} ({what} x {_count(runs, 'run')})"
+        sweeps = sum(isinstance(s, SweepSpec) for s in self.specs) // refs
+        kinds = f"{_count(runs, 'run')}" + (f", {sweeps} of them {'a sweep' if sweeps == 1 else 'sweeps'}"
+                                            if sweeps else "")
+        return f"queued {_count(len(self.list_jobs()), 'job')} ({what} x {kinds})"
+
+    def list_jobs(self) -> list[tuple[str, str]]:
+        """(spec JSON, label) of each job to queue, in order (a sweep: its point jobs, or its one job)."""
+        return [job for spec in self.specs for job in list_spec_jobs(spec)]
 
 
 def _count(n: int, noun: str) -> str:
@@ -60,5 +69,5 @@ def expand_range(spec: RangeSpec, config: Config) -> Expansion:
         host.check()
         commits = list_first_parent(host, path, spec.commits, spec.every)
         refs = [c.sha for c in commits]
-    specs = [parse_spec(place_at_commit(body, name, ref), config) for ref in refs for body in spec.runs]
+    specs = [parse_any_spec(place_at_commit(body, name, ref), config) for ref in refs for body in spec.runs]
     return Expansion(specs, commits, name, spec.batch)

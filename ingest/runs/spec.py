@@ -16,10 +16,12 @@ option to git, and `a;b` is a typo no one means.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from typing import Any
 from kernels.names import KV_STRATEGIES, PRESET_NAMES
 
 from .engines.sglang_choices import FLAG_CHOICES, find_choice_problem
+from ..limits import MAX_SWEEP_POINTS, MAX_SWEEP_VALUES
 from ..user_files import load_user_table
 from .errors import SpecError
 from .names import DEVICES, ENGINES
@@ -122,14 +125,26 @@ class RunSpec:
     variant: str = "unpatched"  # "unpatched" or a patch set from the config's [patches]
     path: str | None = None  # import engine: the trace file, directory or bundle
     timeout_s: float = 3600.0
+    sweep_id: str | None = None  # the sweep this run is a point of (SweepSpec), None for none
+    sweep_point: int | None = None  # its index among the sweep's points
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        body = asdict(self)
+        for key in ("sweep_id", "sweep_point"):  # a run of no sweep keeps the JSON it always had
+            if body[key] is None:
+                del body[key]
+        return json.dumps(body, sort_keys=True)
 
     def describe(self) -> str:
         what = self.workload.preset or self.workload.model_path or self.path or "?"
         where = f" {self.repo or ''}@{self.ref}" if self.ref else (f" {self.repo}" if self.repo else "")
-        return f"{self.engine} {what} {self.describe_variant()}{where} on {self.host}/{self.device}"
+        point = ""
+        if self.sweep_id is not None:
+            w = self.workload
+            shape = f"bs {w.batch_size}" + (f" ctx {w.context}" if self.engine == "reference" and w.context else
+                                            f" in {w.input_len} out {w.output_len}" if self.engine != "reference" else "")
+            point = f" · sweep {self.sweep_id} point {(self.sweep_point or 0) + 1} ({shape})"
+        return f"{self.engine} {what} {self.describe_variant()}{where} on {self.host}/{self.device}{point}"
 
     def describe_variant(self) -> str:
         """The KV strategy (reference engine; "+graph" under CUDA graphs) or the patch set."""
@@ -157,6 +172,143 @@ class RangeSpec:
 
     def to_json(self) -> str:
         return json.dumps({"expand": asdict(self)}, sort_keys=True)
+
+
+# The workload fields a sweep may list, by engine, in the order their combinations are run (the
+# first outermost): SGLang's one-batch benchmark loops `itertools.product(batch_size, input_len,
+# output_len)` (sglang 0.5.23 python/sglang/benchmark/one_batch.py latency_test); the reference
+# workload reads batch_size and context (the KV tokens a step attends), not input_len or output_len.
+SWEEP_AXES = {"reference": ("batch_size", "context"), "sglang": ("batch_size", "input_len", "output_len")}
+_SWEEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A run spec whose workload lists some of its SWEEP_AXES: one run a combination (`points`,
+    each a RunSpec of one batch size / length, of its own series as any run, with `sweep_id` and
+    its index `sweep_point`), in the order SGLang's one-batch benchmark runs them (the first axis
+    outermost). `axes` holds the listed fields and their values as given. The sglang engine at TP
+    1 runs every point in ONE process of its one-batch benchmark (`in_one_process`, one job);
+    every other sweep is one job a point, each its own process as any run."""
+
+    sweep_id: str
+    axes: tuple[tuple[str, tuple[int, ...]], ...]
+    points: tuple[RunSpec, ...]
+
+    @property
+    def in_one_process(self) -> bool:
+        return self.points[0].engine == "sglang" and self.points[0].workload.tp == 1
+
+    def to_json(self) -> str:
+        """The spec as it was given (the listed fields as lists) with its sweep id: what a job row holds."""
+        body = json.loads(self.points[0].to_json())
+        del body["sweep_point"]
+        body["workload"].update({key: list(values) for key, values in self.axes})
+        return json.dumps(body, sort_keys=True)
+
+    def describe_axes(self) -> str:
+        """e.g. "batch_size 1, 8, 32 x input_len 1024, 4096"."""
+        return " x ".join(f"{key} {', '.join(map(str, values))}" for key, values in self.axes)
+
+    def describe(self) -> str:
+        first = self.points[0]
+        base = first.describe().split(" · sweep ")[0]
+        return f"{base} · sweep {self.sweep_id} of {len(self.points)} points ({self.describe_axes()})"
+
+    def list_jobs(self) -> list[tuple[str, str]]:
+        """(spec JSON, label) of each job the sweep is queued as: one for an in-process sweep, else one a point."""
+        if self.in_one_process:
+            return [(self.to_json(), self.describe())]
+        n = len(self.points)
+        return [(p.to_json(), p.describe().replace(f"point {i + 1} (", f"point {i + 1} of {n} (", 1))
+                for i, p in enumerate(self.points)]
+
+
+def list_spec_jobs(spec: "RunSpec | SweepSpec") -> list[tuple[str, str]]:
+    """(spec JSON, label) of each job a run spec or a sweep is queued as."""
+    return spec.list_jobs() if isinstance(spec, SweepSpec) else [(spec.to_json(), spec.describe())]
+
+
+def new_sweep_id() -> str:
+    """A fresh sweep id: 'sweep-' and 12 hex digits."""
+    return f"sweep-{uuid.uuid4().hex[:12]}"
+
+
+def is_sweep_body(body: Any) -> bool:
+    """Whether a spec body's workload lists a field (a sweep), by its shape alone."""
+    workload = body.get("workload") if isinstance(body, dict) else None
+    return isinstance(workload, dict) and any(isinstance(v, (list, tuple)) for k, v in workload.items()
+                                              if k != "extra_args")
+
+
+def parse_sweep(body: Any, config: Config | None = None, where: str = "spec") -> SweepSpec:
+    """Check a spec whose workload lists batch sizes / lengths; raise SpecError naming the first
+    bad field: a list of a field the engine does not sweep, an empty list, a value given twice
+    (refused, not folded: a doubled point is a typo more often than a wish for a repeat, which
+    --repeat asks for), more than MAX_SWEEP_VALUES values or MAX_SWEEP_POINTS combinations, or a
+    point that parse_spec refuses. Without a `sweep_id` the sweep gets a new one."""
+    _need(isinstance(body, dict), where, "must be a table/object")
+    workload = body.get("workload")
+    _need(isinstance(workload, dict), f"{where}.workload", "must be a table/object")
+    engine = body.get("engine")
+    _need(engine in ENGINES, f"{where}.engine", f"{engine!r} is not one of {', '.join(ENGINES)}")
+    allowed = SWEEP_AXES.get(engine, ())
+    listed = [k for k, v in workload.items() if k != "extra_args" and isinstance(v, (list, tuple))]
+    for key in listed:
+        if key not in allowed:
+            hint = {"reference": "the reference engine reads batch_size and context (the KV tokens a step attends), "
+                                 f"not {key}",
+                    "sglang": f"the sglang engine sweeps {', '.join(allowed)}"}.get(engine, f"the {engine} engine "
+                                                                                       "runs no sweep")
+            raise SpecError(f"{where}.workload.{key}: a list makes a sweep, and {hint}")
+    axes = []
+    for key in allowed:
+        if key not in listed:
+            continue
+        values = list(workload[key])
+        _need(bool(values), f"{where}.workload.{key}", "an empty list: give at least one value")
+        _need(len(values) <= MAX_SWEEP_VALUES, f"{where}.workload.{key}",
+              f"{len(values)} values, more than MAX_SWEEP_VALUES ({MAX_SWEEP_VALUES}, ingest/limits.py)")
+        for value in values:
+            _positive_int({key: value}, key, f"{where}.workload", None)
+        twice = sorted({v for v in values if values.count(v) > 1})
+        _need(not twice, f"{where}.workload.{key}",
+              f"{', '.join(map(str, twice))} given more than once: each value once (use repeats for more runs)")
+        axes.append((key, tuple(values)))
+    count = 1
+    for _, values in axes:
+        count *= len(values)
+    _need(count <= MAX_SWEEP_POINTS, f"{where}.workload",
+          f"{' x '.join(str(len(v)) for _, v in axes)} = {count} combinations, more than MAX_SWEEP_POINTS "
+          f"({MAX_SWEEP_POINTS}, ingest/limits.py)")
+    sweep_id = body.get("sweep_id") or new_sweep_id()
+    _need(isinstance(sweep_id, str) and _SWEEP_ID.fullmatch(sweep_id) is not None, f"{where}.sweep_id",
+          f"{sweep_id!r}: letters, digits and ._- (at most 64, not starting with one of ._-)")
+    _need("sweep_point" not in body, f"{where}.sweep_point", "set for each point, not given")
+    points = []
+    for i, combo in enumerate(itertools.product(*(values for _, values in axes))):
+        point = {**body, "workload": {**workload, **dict(zip((k for k, _ in axes), combo))},
+                 "sweep_id": sweep_id, "sweep_point": i}
+        points.append(parse_spec(point, config, where))
+    return SweepSpec(sweep_id, tuple(axes), tuple(points))
+
+
+def parse_any_spec(body: Any, config: Config | None = None, where: str = "spec") -> RunSpec | SweepSpec:
+    """A run spec, or a SweepSpec when its workload lists a field."""
+    return parse_sweep(body, config, where) if is_sweep_body(body) else parse_spec(body, config, where)
+
+
+def parse_rerun_spec(body: Any, sweep_point: int | None, config: Config | None = None) -> RunSpec:
+    """The spec that runs a run's point again, from its job's spec: the point `sweep_point` of a
+    sweep job, or the job's own spec, without its sweep (a re-run at another commit is no point
+    of the sweep it came from)."""
+    spec = parse_any_spec(body, config)
+    if isinstance(spec, SweepSpec):
+        if sweep_point is None or not 0 <= sweep_point < len(spec.points):
+            raise SpecError(f"spec.sweep_point: {sweep_point!r} is not a point of sweep {spec.sweep_id} "
+                            f"({len(spec.points)} points)")
+        spec = spec.points[sweep_point]
+    return replace(spec, sweep_id=None, sweep_point=None)
 
 
 def _need(cond: bool, where: str, message: str) -> None:
@@ -293,9 +445,20 @@ def parse_spec(body: Any, config: Config | None = None, where: str = "spec") -> 
     timeout = body.get("timeout_s", 3600.0)
     _need(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout <= 86400,
           f"{where}.timeout_s", "must be a number of seconds between 0 and 86400")
+    sweep_id, sweep_point = body.get("sweep_id"), body.get("sweep_point")
+    if sweep_id is not None or sweep_point is not None:
+        _need(isinstance(sweep_id, str) and _SWEEP_ID.fullmatch(sweep_id) is not None, f"{where}.sweep_id",
+              f"{sweep_id!r}: letters, digits and ._- (at most 64, not starting with one of ._-)")
+        _need(isinstance(sweep_point, int) and not isinstance(sweep_point, bool)
+              and 0 <= sweep_point < MAX_SWEEP_POINTS, f"{where}.sweep_point",
+              f"{sweep_point!r}: a point's index, 0 to {MAX_SWEEP_POINTS - 1}")
+    if is_sweep_body(body):
+        key = next(k for k, v in body["workload"].items() if isinstance(v, (list, tuple)) and k != "extra_args")
+        raise SpecError(f"{where}.workload.{key}: a list makes a sweep, which is queued as one run a combination "
+                        "(`ingest run`, `ingest backfill` or the form), not here")
     return RunSpec(engine=engine, workload=parse_workload(body.get("workload"), engine, f"{where}.workload"),
                    host=host, device=device, repo=repo, repo_path=repo_path, ref=ref, variant=variant, path=path,
-                   timeout_s=float(timeout))
+                   timeout_s=float(timeout), sweep_id=sweep_id, sweep_point=sweep_point)
 
 
 def _same_checkout(a: str, b: str | Path) -> bool:
@@ -382,7 +545,7 @@ def parse_range_spec(body: Any, config: Config | None = None, where: str = "spec
     _need(isinstance(runs, list) and bool(runs) and all(isinstance(r, dict) for r in runs), f"{where}.runs",
           "must be a non-empty list of run spec tables/objects")
     for run in runs:
-        placed = sorted({"repo", "repo_path", "ref"} & set(run))
+        placed = sorted({"repo", "repo_path", "ref", "sweep_id", "sweep_point"} & set(run))
         _need(not placed, f"{where}.runs", f"{', '.join(placed)}: set by the worker for each commit, not given")
     host = body.get("host", "local")
     _need(isinstance(host, str) and _HOST.fullmatch(host) is not None, f"{where}.host", f"{host!r} is not a host name")
@@ -396,12 +559,13 @@ def parse_range_spec(body: Any, config: Config | None = None, where: str = "spec
                      batch=batch)
 
 
-def parse_job_spec(body: Any, config: Config | None = None) -> RunSpec | RangeSpec:
-    """A queued job's spec: a RangeSpec when it is {"expand": {...}}, else a run spec."""
+def parse_job_spec(body: Any, config: Config | None = None) -> RunSpec | RangeSpec | SweepSpec:
+    """A queued job's spec: a RangeSpec when it is {"expand": {...}}, a SweepSpec when its workload
+    lists a field (an in-process sweep), else a run spec."""
     if isinstance(body, dict) and "expand" in body:
         _need(set(body) == {"expand"}, "spec", "a range job holds only its 'expand' table/object")
         return parse_range_spec(body["expand"], config)
-    return parse_spec(body, config)
+    return parse_any_spec(body, config)
 
 
 def _read_table_file(path: Path) -> dict:

@@ -347,7 +347,7 @@ def _queue_expansion(store, job_id: int, reporter: Reporter, expansion: Expansio
     """Queue a range job's run jobs, record their commits and end it as succeeded, at once
     (Store.finish_expanding_job); returns whether the attempt still held the job."""
     ids = store.finish_expanding_job(
-        job_id, reporter.holder, [(s.to_json(), s.describe()) for s in expansion.specs], expansion.batch,
+        job_id, reporter.holder, expansion.list_jobs(), expansion.batch,
         note=f": {expansion.describe()}", log=reporter.log_text(),
         commits=[(expansion.repo, c.sha, c.committed_at, c.author, c.subject, c.seq) for c in expansion.commits])
     if ids is not None:
