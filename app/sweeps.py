@@ -34,6 +34,15 @@ def describe_sweep_workload(workload_key: str | None) -> dict:
     return {k: v for k, v in w.items() if k not in SWEEP_FIELDS} if isinstance(w, dict) else {}
 
 
+def find_sweep_of_spec(listing: pd.DataFrame, spec_sweep_id: str) -> tuple[str, str] | None:
+    """(sweep_id, sha) of the sweep whose runs carry a sweep spec's id (db.sweeps.list_sweeps'
+    frame, newest commit first): the newest such commit; None when no listed sweep has it."""
+    for row in listing.itertuples():
+        if spec_sweep_id in list(row.spec_sweep_ids):
+            return row.sweep_id, row.sha
+    return None
+
+
 def label_context(context) -> str:
     """1024 -> '1K', 4096 -> '4K', 1000 -> '1000', missing -> 'no context'."""
     if context is None or (isinstance(context, float) and math.isnan(context)):

@@ -2,7 +2,8 @@
 whose workloads are the same except for the batch size and the context (input length) form a
 sweep; each (batch size, context) is a point, each variant a line. A run needs no sweep id to be
 part of one: imported runs, runs of a sweep spec and single runs that happen to line up are
-sweeps alike.
+sweeps alike. Runs of a sweep spec also carry its id (runs.sweep_id, migration 015): list_sweeps
+names the spec sweeps among a sweep's runs, so that a spec's id finds its sweep (app.sweeps.find_sweep_of_spec).
 
 A sweep's workload, its `family key`, is the run's workload key (the workload without its variant
 and run-length fields: db.series) with the fields that vary along a sweep (SWEEP_FIELDS) taken
@@ -31,19 +32,22 @@ _SWEEP_ID = f"left(md5(concat_ws('|', {', '.join(_NAMES)}, {_FAMILY_KEY})), 10)"
 def list_sweeps(store: Store) -> pd.DataFrame:
     """One row per sweep at a commit (runs with a commit and a batch size, at least two batch sizes
     at one commit): repo, engine, device, sweep_id, workload_key (one point's), sha, short_sha, subject, seq,
-    committed_at, runs, batch_sizes, contexts and variants (sorted lists). The newest commit first,
+    committed_at, runs, batch_sizes, contexts, variants and spec_sweep_ids (the sweep specs' ids its
+runs carry, runs.sweep_id; sorted lists, empty for imported runs). The newest commit first,
     then the sweep with the most runs."""
     return store.con.execute(
         "SELECT repo, engine, device, sweep_id, any_value(workload_key) AS workload_key, sha,"
         " left(sha, 7) AS short_sha,"
         " coalesce(subject, '') AS subject, seq, committed_at, count(*) AS runs,"
         " list(DISTINCT batch_size ORDER BY batch_size) AS batch_sizes,"
-        " list(DISTINCT context ORDER BY context) FILTER (WHERE context IS NOT NULL) AS contexts,"
-        " list(DISTINCT variant ORDER BY variant) AS variants"
+        " coalesce(list(DISTINCT context ORDER BY context) FILTER (WHERE context IS NOT NULL), []) AS contexts,"
+        " list(DISTINCT variant ORDER BY variant) AS variants,"
+        " coalesce(list(DISTINCT spec_sweep_id ORDER BY spec_sweep_id) FILTER (WHERE spec_sweep_id IS NOT NULL), [])"
+        "  AS spec_sweep_ids"
         f" FROM (SELECT {_NAMES[0]} AS repo, {_NAMES[1]} AS engine, {_NAMES[2]} AS device,"
         f"  {_FAMILY_KEY} AS family_key, {_SWEEP_ID} AS sweep_id, r.workload_key, c.sha, c.subject, c.seq,"
         "  c.committed_at, r.batch_size,"
-        f"  {_CONTEXT} AS context, coalesce(r.variant, '') AS variant"
+        f"  {_CONTEXT} AS context, coalesce(r.variant, '') AS variant, r.sweep_id AS spec_sweep_id"
         "  FROM runs r JOIN commits c ON c.commit_id = r.commit_id LEFT JOIN repos p ON p.repo_id = r.repo_id"
         "  WHERE r.batch_size IS NOT NULL)"
         " GROUP BY repo, engine, device, family_key, sweep_id, sha, subject, seq, committed_at"
@@ -69,3 +73,4 @@ def get_sweep_runs(store: Store, sweep_id: str) -> pd.DataFrame:
         " ORDER BY commit_order, r.run_id",
         [sweep_id],
     ).df()
+

@@ -227,6 +227,34 @@ def test_two_commits_side_by_side(tmp_path, open_page):
     assert [t.value["batch_size"].tolist() for t in at.dataframe] == [[32, 128], [1, 4, 16]]
 
 
+def test_a_sweep_specs_id_opens_its_sweep_and_imported_runs_join_it(tmp_path, open_page):
+    # the 1K points as the runs of one sweep spec (runs.sweep_id, migration 015: the record a sweep job's
+    # import makes, its id set here on the real bundles' records), the 4K points imported without one
+    import dataclasses
+
+    from ingest.traces.importer import ImportOptions, prepare_import
+
+    db = tmp_path / "spec.duckdb"
+    options = ImportOptions(repo="stepwatch", commit=SWEEP_SHA)
+    bundles = sorted((SAMPLE_DIR / "sweeps" / "h200-2026-12-02").iterdir())
+    with open_db(db) as store:
+        for i, bundle in enumerate(bundles):
+            record = prepare_import(bundle, load_rule_chain(), options)
+            if "-ctx1024" in bundle.name:
+                record = dataclasses.replace(record, sweep_id="h200-1k", sweep_point=i)
+            store.insert_run(record)
+        store.record_commit("stepwatch", SWEEP_SHA, "2026-12-02T03:47:35+00:00", "x", "the sweep", 230)
+        [row] = views.list_sweeps(store).itertuples()
+    assert list(row.spec_sweep_ids) == ["h200-1k"] and row.runs == 17  # one sweep: spec and imported runs
+    at = open_page(db, "sweep", sweep="h200-1k")
+    assert not at.exception and not at.warning
+    assert at.query_params["sweep"] == row.sweep_id and at.query_params["commit"] == SWEEP_SHA
+    assert "Runs of sweep spec h200-1k are among these points." in [c.value for c in at.caption]
+    assert at.dataframe[0].value["batch_size"].tolist() == [1, 4, 16, 32, 128]
+    at = open_page(db, "sweep", sweep="h200-1k", context="4096")  # the imported 4K points, without the id
+    assert at.dataframe[0].value["batch_size"].tolist() == [1, 4, 16]
+
+
 def test_a_database_without_a_sweep_says_what_one_is(tmp_path, open_page):
     from ingest.traces.importer import ImportOptions, prepare_import
 

@@ -12,8 +12,8 @@ import streamlit as st
 from app import charts, data
 from app.labels import describe_workload, label_commit
 from app.markdown_text import format_markdown
-from app.sweeps import (describe_sweep, describe_sweep_workload, judge_points, label_context, pick_baseline,
-                        pick_default_context, pool_points)
+from app.sweeps import (describe_sweep, describe_sweep_workload, find_sweep_of_spec, judge_points, label_context,
+                        pick_baseline, pick_default_context, pool_points)
 from app.tables import link_runs
 from app.widgets import select_in_url
 from db import views
@@ -82,6 +82,10 @@ if listing.empty:
     st.info("No sweep yet: a sweep is runs of one workload at one commit that differ only in batch size (and "
             "context). Queue one on the Run a benchmark page, or load the samples (`python -m ingest samples`).")
     st.stop()
+asked_sweep = st.query_params.get("sweep")
+spec = find_sweep_of_spec(listing, asked_sweep) if asked_sweep not in set(listing["sweep_id"]) else None
+if spec is not None:  # ?sweep= a sweep spec's id (runs.sweep_id, as the job list names it): its sweep and commit
+    st.query_params["sweep"], st.query_params["commit"] = spec
 sweep_id, shas = choose_sweep(listing)
 runs = data.load(views.get_sweep_runs, sweep_id)
 points = pool_points(runs)
@@ -109,6 +113,10 @@ for side, sha in zip(sides, shas):
         if len(shas) > 1:
             st.caption(label_commit(sha[:7], runs.loc[runs["sha"] == sha, "subject"].iloc[0], 60))
         show_side(runs, points, sha, context, baseline, variants, *((150, 2) if len(shas) > 1 else (190, 3)))
+specs = sorted({s for ids in listing.loc[(listing["sweep_id"] == sweep_id) & listing["sha"].isin(shas),
+                                         "spec_sweep_ids"] for s in ids})
+if specs:
+    st.caption(format_markdown("Runs of sweep spec {} are among these points.", ", ".join(specs)))
 st.caption("Each point pools its runs (the geometric mean of their step ms, as verdicts pool a commit). Speed-up: "
            "the baseline's step time over the variant's at the same batch size and commit; its interval and verdict "
            "follow the rule of Compare (a run is the sample, the spread from the baseline's own repeated runs at "
