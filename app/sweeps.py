@@ -51,6 +51,11 @@ def label_context(context) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else f"{n}"
 
 
+def at_context(frame: pd.DataFrame, context) -> pd.Series:
+    """The rows of a context (None: the rows that have none, runs whose workload names no context)."""
+    return frame["context"].isna() if context is None or pd.isna(context) else frame["context"] == context
+
+
 def pick_default_context(runs: pd.DataFrame, sha: str):
     """The context with the most points (batch size x variant) at the commit; the smaller on a tie."""
     at = runs[runs["sha"] == sha].drop_duplicates(["context", "batch_size", "variant"])
@@ -97,7 +102,7 @@ def judge_points(runs: pd.DataFrame, sha: str, context, baseline: str) -> pd.Dat
     baseline_runs, runs, baseline_step_ms, step_ms (pooled), speedup (baseline / variant step
     time), speedup_low, speedup_high (95 % interval; missing without a spread), verdict, spread
     (its sentence), copy shares of both sides. Points the baseline did not measure are left out."""
-    here = runs[(runs["sha"] == sha) & ((runs["context"] == context) if pd.notna(context) else runs["context"].isna())]
+    here = runs[(runs["sha"] == sha) & at_context(runs, context)]
     rows = []
     for bs, at in here.groupby("batch_size", sort=True):
         base = at[at["variant"] == baseline]

@@ -189,9 +189,11 @@ def test_the_page_keeps_its_state_in_the_url_and_says_what_it_ignores(sweep_db, 
     assert sentence.startswith("**full-pool-cast measured 11.3x slower than fused at bs 1, 6.4x at bs 4 and 3.8x at "
                                "bs 16 (context 4K")
     assert at.dataframe[0].value["batch_size"].tolist() == [1, 4, 16]
-    at = open_page(sweep_db, "sweep", context="2048")
+    at = open_page(sweep_db, "sweep", context="2048", variants="gather-then-cast")
     assert [w.value for w in at.warning] == ["`?context=2048` matches no context here: showing 1K (1024 tokens) "
-                                             "instead."]
+                                             "instead.", "`?variants=gather-then-cast` matches no variant here: "
+                                             "ignored."]
+    assert at.query_params["variants"] == ["full-pool-cast", "fused"]
 
 
 def test_two_commits_side_by_side(tmp_path, open_page):

@@ -8,6 +8,7 @@ where chromium is not installed, except in CI (CI=true), where a missing browser
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -71,4 +72,12 @@ def test_the_sweep_answers_bs_32_above_the_fold_at_1280x800(dashboard):
         [bs32] = [c for c in cells if c and c[0] == "32"]
         assert bs32[1].startswith("95.73") and bs32[2].startswith("15.62") and bs32[3].startswith("6.127")
         assert len([c for c in cells if c]) == 5  # every point's row, all inside the grid's box above
+        # a point of the tok/s chart opens its run: fused at bs 32 is the run the row links
+        point = page.locator('[aria-roledescription="point"][aria-label*="variant: fused"]'
+                             '[aria-label*="batch size: 32;"][aria-label*="tok/s: 2,048.1"]')
+        point.first.scroll_into_view_if_needed()
+        box = point.first.bounding_box()
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_url(re.compile(r"/run\?run=\d+"))
+        assert page.url.endswith(f"run={bs32[-1].split('=')[-1]}")
         context.close()

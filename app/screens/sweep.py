@@ -12,8 +12,8 @@ import streamlit as st
 from app import charts, data
 from app.labels import describe_workload, label_commit
 from app.markdown_text import format_markdown
-from app.sweeps import (describe_sweep, describe_sweep_workload, find_sweep_of_spec, judge_points, label_context,
-                        pick_baseline, pick_default_context, pool_points)
+from app.sweeps import (at_context, describe_sweep, describe_sweep_workload, find_sweep_of_spec, judge_points,
+                        label_context, pick_baseline, pick_default_context, pool_points)
 from app.tables import link_runs
 from app.widgets import select_in_url
 from db import views
@@ -68,7 +68,7 @@ def show_side(runs: pd.DataFrame, points: pd.DataFrame, sha: str, context, basel
         "copy_share": st.column_config.NumberColumn("copy", format="%.1f %%"),
         "baseline_run": st.column_config.LinkColumn("base run", display_text=link, width="small"),
         "run": st.column_config.LinkColumn("run", display_text=link, width="small")})
-    shown = points[(points["sha"] == sha) & (points["context"] == context) & points["variant"].isin(variants)]
+    shown = points[(points["sha"] == sha) & at_context(points, context) & points["variant"].isin(variants)]
     event = st.altair_chart(charts.sweep_chart(shown, verdicts, panel_width=width, per_row=per_row),
                             on_select="rerun", key=f"sweep_chart_{short}")
     picked = (event.selection.get(charts.PICK_POINT) or []) if event else []
@@ -97,12 +97,16 @@ with controls[0]:
                             default=str(int(default)) if pd.notna(default) else None,
                             format_func=lambda c: f"{label_context(int(c))} ({c} tokens)")
 context = int(context) if context is not None else None
-at = points[points["sha"].isin(shas) & (points["context"] == context)]
+at = points[points["sha"].isin(shas) & at_context(points, context)]
 all_variants = sorted(at["variant"].unique())
 with controls[1]:
     baseline = select_in_url("Baseline", all_variants, "baseline", default=pick_baseline(at[at["sha"] == shas[0]]))
 with controls[2]:
-    asked = [v for v in st.query_params.get_all("variants") if v in all_variants] or all_variants
+    in_url = st.query_params.get_all("variants")
+    unknown = [v for v in in_url if v not in all_variants]
+    if unknown:
+        st.warning(format_markdown("{:code} matches no variant here: ignored.", "?variants=" + ",".join(unknown)))
+    asked = [v for v in in_url if v in all_variants] or all_variants
     variants = st.multiselect("Variants", all_variants, default=asked, key="sweep_variants")
     variants = sorted(set(variants) | {baseline})
     st.query_params["variants"] = variants
