@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=225.0)
     p.add_argument("--work", type=Path, default=Path("/tmp/sweep_capture"))
-    p.add_argument("--start", type=int, default=0, help="skip the plan's first START points (a budget cut them short before)")
+    p.add_argument("--start", type=int, default=0, 
+                   help="skip the plan's first START points (a budget cut them short before)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated KV strategies")
     p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated contexts")
     p.add_argument("--no-repeats", action="store_true", help="the grid only")
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                                str(POOL_TOKENS), "--commit", "0" * 40, "--out", str(bundle)],
                               cwd=ROOT, capture_output=True, text=True)
         runs.append({"n": n, "kv": kv, "bs": bs, "context": ctx, "bundle": bundle.name, "rc": proc.returncode,
-                     "wall_s": round(time.monotonic() - t0, 2), "stderr_tail": proc.stderr[-400:] if proc.returncode else ""})
+                     "wall_s": round(time.monotonic() - t0, 2),
+                     "stderr_tail": proc.stderr[-400:] if proc.returncode else ""})
         print(json.dumps(runs[-1]), flush=True)
     (args.out / "sweep.json").write_text(json.dumps({"pool_tokens": POOL_TOKENS, "runs": runs}, indent=1) + "\n")
     with tarfile.open(args.out / "sweep.tar", "w") as tar:
