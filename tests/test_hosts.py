@@ -140,6 +140,18 @@ def test_local_env_and_cwd(tmp_path):
     assert json.loads(result.output) == [str(cwd), "x $(y) 'z'"]
 
 
+def test_local_missing_program_and_missing_working_directory_are_told_apart(tmp_path):
+    # Popen raises FileNotFoundError for both; the message named the program for a missing cwd too.
+    gone = tmp_path / "gone"
+    with pytest.raises(CommandFailed, match=rf"^{gone}: no such working directory \(for {sys.executable} -c 1\)$"):
+        LocalHost().run([sys.executable, "-c", "1"], cwd=str(gone))
+    with pytest.raises(CommandFailed, match=r"^stepwatch-no-such-program: no such program$"):
+        LocalHost().run(["stepwatch-no-such-program"], cwd=str(tmp_path))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CommandFailed, match=r"file: not a directory \(the working directory of "):
+        LocalHost().run([sys.executable, "-c", "1"], cwd=str(tmp_path / "file"))
+
+
 @pytest.mark.slow
 def test_local_timeout_kills_the_process_group_with_its_grandchild():
     marker = new_marker()

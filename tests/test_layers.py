@@ -186,9 +186,9 @@ def find_studies_imported(graph: Graph) -> list[str]:
 
 
 def find_app_io(graph: Graph) -> list[str]:
-    """Modules outside app/ and db/ that app/ reaches (imports at any level, followed through every
-    module on the way; importing `a.b.c` also runs `a` and `a.b`) and that import a process, socket
-    or network library."""
+    """Modules app/ reaches (its own pages and helpers included; imports at any level, followed through
+    every module on the way; importing `a.b.c` also runs `a` and `a.b`) that import a process, socket
+    or network library. Only the studies (app.studies, run from a shell, never by the dashboard) may."""
     seen, todo = set(), [m for m in graph.modules if _within(m, ("app",)) and not _within(m, ("app.studies",))]
     while todo:
         module = todo.pop()
@@ -198,7 +198,7 @@ def find_app_io(graph: Graph) -> list[str]:
         parents = {module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1)} & graph.modules.keys()
         todo.extend((graph.top[module] | graph.lazy[module] | parents) - seen)
     return [f"{m} (reached from app/) imports {', '.join(sorted(graph.libraries[m] & set(IO_LIBRARIES)))}"
-            for m in sorted(seen) if not _within(m, ("app", "db")) and graph.libraries[m] & set(IO_LIBRARIES)]
+            for m in sorted(seen) if graph.libraries[m] & set(IO_LIBRARIES)]
 
 
 def find_streamlit_outside_app(graph: Graph) -> list[str]:
@@ -246,6 +246,8 @@ def test_the_rules_fire_on_a_tree_that_breaks_them(tmp_path):
         "app/__init__.py": "",
         "app/form.py": "from ingest.runs import git\nfrom db import store\n",  # app -> git: a break
         "app/choices.py": "from ingest.runs.engines.choices import x\n",
+        "app/screens/__init__.py": "", "app/screens/run.py": "import subprocess\nfrom db import store\n",  # a page
+        "app/studies/__init__.py": "", "app/studies/pages.py": "import subprocess\n",  # a study: run from a shell
         "db/__init__.py": "", "db/store.py": "import duckdb\n",
         "ingest/__init__.py": "",
         "ingest/regress/__init__.py": "",
@@ -268,6 +270,7 @@ def test_the_rules_fire_on_a_tree_that_breaks_them(tmp_path):
     assert find_lazy_imports(graph) == ["ingest.regress.detect imports db.store inside a function"]
     assert find_studies_imported(graph) == ["ingest.runs.worker -> ingest.studies.scale", "kernels.bench -> tests",
                                             "kernels.studies.suite -> tests"]
-    assert find_app_io(graph) == ["ingest.runs.engines.sglang (reached from app/) imports shutil",
+    assert find_app_io(graph) == ["app.screens.run (reached from app/) imports subprocess",
+                                  "ingest.runs.engines.sglang (reached from app/) imports shutil",
                                   "ingest.runs.git (reached from app/) imports subprocess"]
     assert find_streamlit_outside_app(graph) == ["kernels.bench"]

@@ -15,7 +15,10 @@ from db.store import open_db
 from ingest.runs.errors import SpecError
 from ingest.runs.git import list_first_parent, resolve_ref
 from ingest.runs.hosts import LocalHost
-from ingest.runs.spec import Config, RepoConfig, parse_spec
+from ingest.errors import IngestError
+from ingest.runs.spec import Config, RepoConfig, load_config, parse_spec
+from ingest.traces.importer import check_label as check_import_label
+from kernels.bundle import LABEL_RULE
 from tests.helpers import ROOT, git, kernels_repo, run_cli, wait_for
 
 TINY = ["--engine", "reference", "--preset", "tiny", "--kv", "fused", "--device", "cpu", "--profile-steps", "2"]
@@ -201,6 +204,32 @@ def test_spec_checks_name_the_field():
                     "extra_args": ["--x; reboot"]}}, Config(repos={"s": RepoConfig("s", "/x")}))
     spec = parse_spec({"engine": "reference", "workload": {"preset": "tiny", "kv": "fused"}})
     assert json.loads(spec.to_json())["workload"]["kv"] == "fused"
+
+
+@pytest.mark.parametrize("label", ["fix/a", "org/repo@v2", "a:b", "x" * 200, "-x", "a b", "a;b", "x" * 201, ""])
+def test_one_label_rule_for_a_spec_and_an_import(tmp_path, label):
+    # `ingest import --variant fix/a` was accepted while a spec (and the form) refused it.
+    patch = tmp_path / "p.patch"
+    patch.write_text("")
+    config_file = tmp_path / "c.toml"
+    config_file.write_text(f"[repos.s]\npath = '/x'\n[patches]\n{json.dumps(label)} = {{ files = ['{patch}'] }}\n")
+    by_import = by_config = by_spec = True
+    try:
+        check_import_label("variant", label)
+    except IngestError:
+        by_import = False
+    try:
+        config = load_config(config_file)
+    except SpecError as e:
+        by_config = False
+        assert str(e).endswith(LABEL_RULE) and "patches." in str(e)
+    try:
+        parse_spec({"engine": "sglang", "repo": "s", "ref": "main", "variant": label, "workload": {"model_path": "m"}},
+                   config if by_config else Config(repos={"s": RepoConfig("s", "/x")}, patches={label: (str(patch),)}))
+    except SpecError as e:
+        by_spec = False
+        assert str(e).startswith("spec.variant: ") and str(e).endswith(LABEL_RULE)
+    assert by_import == by_config == by_spec == (label in ("fix/a", "org/repo@v2", "a:b", "x" * 200))
 
 
 @pytest.mark.parametrize("option, allowed", [

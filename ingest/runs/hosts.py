@@ -79,8 +79,12 @@ def run_process(popen_argv: list[str], *, shown_argv: list[str], cwd: str | None
         proc = subprocess.Popen(popen_argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True, text=True, errors="replace", bufsize=1)
-    except FileNotFoundError:
+    except FileNotFoundError as e:  # the program, or the working directory (Popen names which in e.filename)
+        if cwd is not None and e.filename == cwd:
+            raise CommandFailed(f"{cwd}: no such working directory (for {describe_argv(shown_argv)})") from None
         raise CommandFailed(f"{popen_argv[0]}: no such program") from None
+    except NotADirectoryError:
+        raise CommandFailed(f"{cwd}: not a directory (the working directory of {describe_argv(shown_argv)})") from None
     except OSError as e:
         raise CommandFailed(f"{popen_argv[0]}: cannot start ({e.strerror})") from None
     lines: list[str] = []

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 
+from kernels.bundle import LABEL_RULE, is_label
 from kernels.names import KV_STRATEGIES, PRESET_NAMES
 
 from .engines.sglang_choices import FLAG_CHOICES, find_choice_problem
@@ -36,7 +37,6 @@ from .names import DEVICES, ENGINES
 
 OWN_CHECKOUT = Path(__file__).resolve().parents[2]  # this checkout: the reference workload's own repo
 
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/@{}~^-]*$")
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SSH_TARGET = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9.:_-]*$")
@@ -325,8 +325,10 @@ def check_ref(ref: str, where: str = "ref") -> str:
 
 
 def check_label(value: str, where: str) -> str:
-    _need(isinstance(value, str) and _LABEL.fullmatch(value) is not None and len(value) <= 100, where,
-          f"{value!r}: use letters, digits and ._+@=- (not starting with '-')")
+    """A repo, variant, host or patch-set name: the one label rule of every door (kernels.bundle's, as
+    `ingest import --variant`, a bundle's manifest and a merge apply it), so `fix/a` is a variant
+    whichever way it comes in. Where a label becomes part of a file name, the caller makes it safe."""
+    _need(is_label(value), where, f"{str(value)[:80]!r}: {LABEL_RULE}")
     return value
 
 

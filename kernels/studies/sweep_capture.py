@@ -8,7 +8,8 @@ served pool would hold: the largest point, bs 128 x 4K, fits), since a server's 
 its batch. The two variants are the whole-pool cast (the seeds' bug) and the fused gather-cast (the
 patch's path); they alternate point by point so both see the machine's drift alike. After the grid,
 REPEAT_POINTS are run twice more each (three runs there), as long as `--budget-s` allows; the run stops
-starting bundles once it has passed; `--start N` goes on from the plan's point N. Bundles come back as one tar file (`sweep.tar`), the order and each
+starting bundles once it has passed; `--start N` goes on from the plan's point N, `--variants`, `--contexts`
+and `--no-repeats` narrow the plan. Bundles come back as one tar file (`sweep.tar`), the order and each
 run's wall time in sweep.json. torch + the standard library only, so it runs on the GPU machine as is.
 """
 
@@ -30,10 +31,11 @@ POOL_TOKENS = 600_000  # > 128 x 4,096 = 524,288 rows
 REPEAT_POINTS = ((32, 1024), (1, 1024), (128, 1024))  # (bs, context), run 3 times in all
 
 
-def plan() -> list[tuple[int, int, str]]:
-    grid = [(bs, ctx, kv) for ctx in CONTEXTS for bs in BATCH_SIZES for kv in VARIANTS]
-    repeats = [(bs, ctx, kv) for _ in range(2) for bs, ctx in REPEAT_POINTS for kv in VARIANTS]
-    return grid + repeats
+def plan(variants: tuple[str, ...] = VARIANTS, contexts: tuple[int, ...] = CONTEXTS,
+         repeats: bool = True) -> list[tuple[int, int, str]]:
+    grid = [(bs, ctx, kv) for ctx in contexts for bs in BATCH_SIZES for kv in variants]
+    again = [(bs, ctx, kv) for _ in range(2) for bs, ctx in REPEAT_POINTS for kv in variants] if repeats else []
+    return grid + again
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,13 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=225.0)
     p.add_argument("--work", type=Path, default=Path("/tmp/sweep_capture"))
-    p.add_argument("--start", type=int, default=0, help="skip the plan's first START points (a budget cut them short before)")
+    p.add_argument("--start", type=int, default=0, 
+                   help="skip the plan's first START points (a budget cut them short before)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated KV strategies")
+    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="comma-separated contexts")
+    p.add_argument("--no-repeats", action="store_true", help="the grid only")
     args = p.parse_args(argv)
+    points = plan(tuple(args.variants.split(",")), tuple(int(c) for c in args.contexts.split(",")), not args.no_repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     runs = []
-    for n, (bs, ctx, kv) in enumerate(plan()):
+    for n, (bs, ctx, kv) in enumerate(points):
         if n < args.start:
             continue
         if time.monotonic() - began > args.budget_s:
@@ -59,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                                str(POOL_TOKENS), "--commit", "0" * 40, "--out", str(bundle)],
                               cwd=ROOT, capture_output=True, text=True)
         runs.append({"n": n, "kv": kv, "bs": bs, "context": ctx, "bundle": bundle.name, "rc": proc.returncode,
-                     "wall_s": round(time.monotonic() - t0, 2), "stderr_tail": proc.stderr[-400:] if proc.returncode else ""})
+                     "wall_s": round(time.monotonic() - t0, 2),
+                     "stderr_tail": proc.stderr[-400:] if proc.returncode else ""})
         print(json.dumps(runs[-1]), flush=True)
     (args.out / "sweep.json").write_text(json.dumps({"pool_tokens": POOL_TOKENS, "runs": runs}, indent=1) + "\n")
     with tarfile.open(args.out / "sweep.tar", "w") as tar:

@@ -695,7 +695,7 @@ def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context],
     progress = (lambda stage: on_progress(STAGES.index(stage) + 1, planned)) if on_progress else (lambda stage: None)
     work_dir_local = Path(work_dir_local)
     work_dir_local.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-{sha[:12]}-{spec.variant}-"))
+    staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-{sha[:12]}-{re.sub(r'[^A-Za-z0-9._+-]', '_', spec.variant)}-"))
     dirs = HostDirs.under(host.mkdtemp("stepwatch-sglang-"))
     if on_scratch:
         on_scratch(dirs.base, repo_path)
