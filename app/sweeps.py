@@ -101,7 +101,8 @@ def judge_points(runs: pd.DataFrame, sha: str, context, baseline: str) -> pd.Dat
     module docstring): batch_size, variant, baseline_run_id, run_id (the newest of each side),
     baseline_runs, runs, baseline_step_ms, step_ms (pooled), speedup (baseline / variant step
     time), speedup_low, speedup_high (95 % interval; missing without a spread), verdict, spread
-    (its sentence), copy shares of both sides. Points the baseline did not measure are left out."""
+    (its sentence), copy shares of both sides; by variant, then batch size. Points the baseline
+    did not measure are left out."""
     here = runs[(runs["sha"] == sha) & at_context(runs, context)]
     rows = []
     for bs, at in here.groupby("batch_size", sort=True):
@@ -122,10 +123,11 @@ def judge_points(runs: pd.DataFrame, sha: str, context, baseline: str) -> pd.Dat
                          "speedup": speedup, "speedup_low": low, "speedup_high": high, "verdict": v.verdict,
                          "spread": v.spread.describe(), "baseline_copy_share": float(base["copy_share"].mean()),
                          "copy_share": float(side["copy_share"].mean())})
-    return pd.DataFrame(rows, columns=["batch_size", "variant", "baseline", "baseline_run_id", "run_id",
-                                       "baseline_runs", "runs", "baseline_step_ms", "step_ms", "speedup",
-                                       "speedup_low", "speedup_high", "verdict", "spread", "baseline_copy_share",
-                                       "copy_share"])
+    columns = ["batch_size", "variant", "baseline", "baseline_run_id", "run_id", "baseline_runs", "runs",
+               "baseline_step_ms", "step_ms", "speedup", "speedup_low", "speedup_high", "verdict", "spread",
+               "baseline_copy_share", "copy_share"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["variant", "batch_size"], kind="stable").reset_index(
+        drop=True)
 
 
 def format_speedup(speedup: float) -> tuple[str, str]:

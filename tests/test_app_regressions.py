@@ -92,7 +92,7 @@ def test_newest_first_commit_first(writable_db, open_page):
 
 def test_no_change_in_the_stepwatch_samples_says_what_was_checked(tmp_path, open_page):
     # the sample bundles of stepwatch's own commits (every KV strategy a variant, nothing regresses; the
-    # H200 sweep's 17 runs at 0bc00a5, one commit each series, included); the samples' glm5-serving-demo
+    # H200 sweep's 37 runs at 0bc00a5, one commit each series, included); the samples' glm5-serving-demo
     # series, which does regress, is left out here
     import json
 
@@ -109,7 +109,7 @@ def test_no_change_in_the_stepwatch_samples_says_what_was_checked(tmp_path, open
     facts = json.loads((SAMPLE_DIR / "commits.json").read_text())
     (only / "commits.json").write_text(json.dumps({"repos": [r for r in facts["repos"] if r["repo"] == "stepwatch"]}))
     db = tmp_path / "samples.duckdb"
-    assert load_samples(str(db), load_rule_chain(), only) == 14 + 17
+    assert load_samples(str(db), load_rule_chain(), only) == 14 + 37
     with open_db(db) as store:
         assert track_changes(store) == []
     at = open_page(db, "regressions")

@@ -29,7 +29,7 @@ def samples_db(tmp_path_factory):
     done = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "loaded 43 sample runs" in done.stderr  # 26 bundles at the top, 17 of the H200 sweep
+    assert "loaded 63 sample runs" in done.stderr  # 26 bundles at the top, 37 of the H200 sweep
     return db
 
 
@@ -123,7 +123,7 @@ def test_the_regression_pair_is_changed_with_the_spread_in_its_interval(samples_
     assert "run-to-run spread 2.8 % from 6 repeated runs (pooled within commits)" in verdict
     assert at.dataframe[0].value["verdict"].tolist() == ["regression"]
     with open_db(samples_db, read_only=True) as store:
-        assert store.count_rows()["runs"] == 43
+        assert store.count_rows()["runs"] == 63
 
 
 def test_an_axis_mode_or_breakdown_that_does_not_exist_is_a_notice(samples_db, open_page):
@@ -179,14 +179,14 @@ def test_compare_says_why_the_category_bars_and_the_verdict_differ_in_sign(sampl
 
 
 def test_the_sweep_page_on_the_samples_answers_what_the_patch_buys_at_bs_32(samples_db, open_page):
-    # the H200 sweep of the samples (app/sample_data/sweeps): the only sweep among the 43 runs
+    # the H200 sweep of the samples (app/sample_data/sweeps): the only sweep among the 63 runs
     at = open_page(samples_db, "sweep")
     assert not at.exception
     [sentence] = [m.value for m in at.markdown if "at bs 32" in m.value]
-    assert sentence.startswith("**fused measured 11.9x faster than full-pool-cast at bs 1, 9.8x at bs 4, 8.0x at "
-                               "bs 16, 6.1x at bs 32 and 2.6x at bs 128 (context 1K, at 0bc00a5)")
-    row = at.dataframe[0].value.set_index("batch_size").loc[32]
+    assert sentence.startswith("**fused is 11.9x faster than full-pool-cast at bs 1, 6.1x at bs 32 and 2.6x at bs 128 "
+                               "(context 1K, at 0bc00a5); not enough data at bs 4 and 16")
+    row = at.dataframe[0].value.set_index(["variant", "batch_size"]).loc[("fused", 32)]
     assert (round(row["baseline_step_ms"], 2), round(row["step_ms"], 2), round(row["speedup"], 2)) == (
-        95.74, 15.62, 6.13)
-    assert row["verdict"] == "not enough data"  # one run a point: no run-to-run spread
-    assert (round(row["baseline_copy_share"], 1), round(row["copy_share"], 1)) == (84.2, 9.7)
+        95.77, 15.64, 6.12)  # three runs a side, pooled
+    assert row["verdict"] == "improvement" and row["interval"] == "6.11x to 6.13x"
+    assert (round(row["baseline_copy_share"], 1), round(row["copy_share"], 1)) == (84.1, 9.7)

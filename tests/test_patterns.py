@@ -100,17 +100,17 @@ def test_the_patched_kv_paths_do_not_fire_cast_per_layer(name):
     assert "cast-per-layer" not in _not_evaluated(record.patterns)
 
 
-@pytest.mark.slow  # loads the 43 sample runs (~12 s)
+@pytest.mark.slow  # loads the 63 sample runs (~18 s)
 def test_on_the_sample_database_cast_per_layer_fires_on_exactly_the_whole_pool_runs(tmp_path):
     db = tmp_path / "samples.duckdb"
     assert _cli("samples", "--db", str(db))[0] == 0
     from db.store import open_db
 
     with open_db(db, read_only=True) as store:
-        runs = [store.get_run(i) for i in range(1, 44)]
+        runs = [store.get_run(i) for i in range(1, 64)]
     whole_pool = {r["run_id"] for r in runs if r["workload"]["kv"] == "full-pool-cast"}
     fired = {r["run_id"] for r in runs if _found(r["patterns"], "cast-per-layer")}
-    assert len(whole_pool) == 9 + 9 and fired == whole_pool  # + the H200 sweep's 9 (bs 1-128 at 1K, 1-32 at 4K)
+    assert len(whole_pool) == 9 + 16 and fired == whole_pool  # + the H200 sweep's 16 (10 points, 3 runs at 3)
 
 
 # -- copy-beyond-live-data -------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def show_side(runs: pd.DataFrame, points: pd.DataFrame, sha: str, context, basel
     verdicts = judge_points(runs[runs["variant"].isin(variants)], sha, context, baseline)
     st.markdown(format_markdown("**{}**", describe_sweep(verdicts, context, short)))
     table = verdicts.assign(
-        interval=[f"{lo:.1f}x to {hi:.1f}x" if pd.notna(lo) and pd.notna(hi) else "— (no spread)"
+        interval=[f"{lo:.2f}x to {hi:.2f}x" if pd.notna(lo) and pd.notna(hi) else "— (no spread)"
                   for lo, hi in zip(verdicts["speedup_low"], verdicts["speedup_high"])],
         baseline_copy_share=verdicts["baseline_copy_share"] * 100, copy_share=verdicts["copy_share"] * 100,
         baseline_run=link_runs(verdicts["baseline_run_id"]), run=link_runs(verdicts["run_id"]))
