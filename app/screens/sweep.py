@@ -60,7 +60,7 @@ def show_side(runs: pd.DataFrame, points: pd.DataFrame, sha: str, context, basel
     st.dataframe(table, hide_index=True, column_order=order, column_config={
         "batch_size": st.column_config.NumberColumn("bs", format="%d", width="small"),
         "baseline_step_ms": st.column_config.NumberColumn(f"{baseline} ms", format="%.2f"),
-        "step_ms": st.column_config.NumberColumn(f"{one} ms" if table["variant"].nunique() <= 1 else "ms",
+        "step_ms": st.column_config.NumberColumn(f"{one} ms" if table["variant"].nunique() <= 1 else "variant ms",
                                                  format="%.2f"),
         "speedup": st.column_config.NumberColumn("speed-up", format="%.2fx"),
         "interval": "95 % interval", "verdict": "verdict",
@@ -116,7 +116,7 @@ for side, sha in zip(sides, shas):
     with side:
         if len(shas) > 1:
             st.caption(label_commit(sha[:7], runs.loc[runs["sha"] == sha, "subject"].iloc[0], 60))
-        show_side(runs, points, sha, context, baseline, variants, *((150, 2) if len(shas) > 1 else (190, 3)))
+        show_side(runs, points, sha, context, baseline, variants, *((115, 2) if len(shas) > 1 else (190, 3)))
 specs = sorted({s for ids in listing.loc[(listing["sweep_id"] == sweep_id) & listing["sha"].isin(shas),
                                          "spec_sweep_ids"] for s in ids})
 if specs:
