@@ -163,7 +163,7 @@ def test_the_sweep_page_answers_bs_32_on_top(sweep_db, open_page):
     assert table["variant"].tolist() == ["fused"] * 5 + ["gather-then-cast"] * 5  # fused's bs 32: the 4th row
     row = table.set_index(["variant", "batch_size"]).loc[("fused", 32)]
     assert row["speedup"] == pytest.approx(6.1230, abs=1e-3)
-    assert row["verdict"] == "improvement" and row["interval"] == "6.11x to 6.13x"
+    assert row["verdict"] == "improvement" and row["interval"] == "6.114x to 6.132x"
     assert row["copy_share"] == pytest.approx(9.67, abs=0.01)  # percent on screen
     assert row["baseline_run"].startswith("run?run=") and row["run"].startswith("run?run=")
     with open_db(sweep_db, read_only=True) as store:

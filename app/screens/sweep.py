@@ -48,7 +48,7 @@ def show_side(runs: pd.DataFrame, points: pd.DataFrame, sha: str, context, basel
     verdicts = judge_points(runs[runs["variant"].isin(variants)], sha, context, baseline)
     st.markdown(format_markdown("**{}**", describe_sweep(verdicts, context, short)))
     table = verdicts.assign(
-        interval=[f"{lo:.2f}x to {hi:.2f}x" if pd.notna(lo) and pd.notna(hi) else "— (no spread)"
+        interval=[f"{lo:.4g}x to {hi:.4g}x" if pd.notna(lo) and pd.notna(hi) else "— (no spread)"
                   for lo, hi in zip(verdicts["speedup_low"], verdicts["speedup_high"])],
         baseline_copy_share=verdicts["baseline_copy_share"] * 100, copy_share=verdicts["copy_share"] * 100,
         baseline_run=link_runs(verdicts["baseline_run_id"]), run=link_runs(verdicts["run_id"]))
@@ -101,6 +101,9 @@ at = points[points["sha"].isin(shas) & at_context(points, context)]
 all_variants = sorted(at["variant"].unique())
 with controls[1]:
     baseline = select_in_url("Baseline", all_variants, "baseline", default=pick_baseline(at[at["sha"] == shas[0]]))
+if baseline is None:
+    st.info("No run of this sweep at this commit and context.")
+    st.stop()
 with controls[2]:
     in_url = st.query_params.get_all("variants")
     unknown = [v for v in in_url if v not in all_variants]
