@@ -41,6 +41,11 @@ def _family(workload_key: str) -> str:
     return json.dumps(describe_sweep_workload(workload_key), sort_keys=True)
 
 
+def _ratio(x: float) -> str:
+    """6.114x, 11.47x: four digits, so that a tight interval's ends differ."""
+    return f"{x:.3f}x" if x < 10 else f"{x:.2f}x"
+
+
 def show_side(runs: pd.DataFrame, points: pd.DataFrame, sha: str, context, baseline: str, variants: list[str],
               width: int, per_row: int) -> None:
     """One commit's sweep: its sentence, the table of speed-ups, the charts."""
@@ -48,7 +53,7 @@ def show_side(runs: pd.DataFrame, points: pd.DataFrame, sha: str, context, basel
     verdicts = judge_points(runs[runs["variant"].isin(variants)], sha, context, baseline)
     st.markdown(format_markdown("**{}**", describe_sweep(verdicts, context, short)))
     table = verdicts.assign(
-        interval=[f"{lo:.4g}x to {hi:.4g}x" if pd.notna(lo) and pd.notna(hi) else "— (no spread)"
+        interval=[f"{_ratio(lo)} to {_ratio(hi)}" if pd.notna(lo) and pd.notna(hi) else "— (no spread)"
                   for lo, hi in zip(verdicts["speedup_low"], verdicts["speedup_high"])],
         baseline_copy_share=verdicts["baseline_copy_share"] * 100, copy_share=verdicts["copy_share"] * 100,
         baseline_run=link_runs(verdicts["baseline_run_id"]), run=link_runs(verdicts["run_id"]))
