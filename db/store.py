@@ -740,6 +740,16 @@ class Store:
             " FROM jobs WHERE status = 'running' ORDER BY job_id", [stale_s]).fetchall()
         return [dict(zip(fields, row)) for row in rows]
 
+    def get_run_sweep_point(self, run_id: int) -> int | None:
+        """The run's index among its sweep's points (None: no sweep point)."""
+        row = self.con.execute("SELECT sweep_point FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        return row[0] if row else None
+
+    def list_job_run_ids(self, job_id: int) -> list[int]:
+        """The runs of a job: one, or a sweep job's, in the order of its points."""
+        return [r[0] for r in self.con.execute(
+            "SELECT run_id FROM runs WHERE job_id = ? ORDER BY sweep_point NULLS FIRST, run_id", [job_id]).fetchall()]
+
     def find_run_of_job(self, job_id: int, sweep_point: int | None = None) -> int | None:
         """The job's run (its first); with `sweep_point`, the run of that point of a sweep job."""
         row = self.con.execute("SELECT min(run_id) FROM runs WHERE job_id = ? AND (? IS NULL OR sweep_point = ?)",
