@@ -274,3 +274,66 @@ def test_reference_sweep_runs_each_point_through_the_worker(tmp_path, capsys):
     assert sweep_id.startswith("sweep-") and {(r[1], r[6]) for r in rows} == {(sweep_id, sweep_id)}
     assert [(r[2], r[3], int(r[7])) for r in rows] == [(0, 1, 1), (1, 2, 2), (2, 4, 4)]
     assert len({r[4] for r in rows}) == 3 and len({r[5] for r in rows}) == 3  # own series, own job each
+
+
+# --- the Run a benchmark form --------------------------------------------------------------------
+
+def _submit(at, **fields):
+    """Fill the form's fields (by widget key) and press Queue."""
+    for key, value in fields.items():
+        if key == "profile_steps":
+            at.number_input(key=key).set_value(value)
+        else:
+            at.text_input(key=key).input(value)
+    at.button(key="FormSubmitter:run_spec-Queue").click()
+    return at.run()
+
+
+def _all_jobs(db: Path) -> list[dict]:
+    with open_db(db, read_only=True) as store:
+        return store.list_jobs()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_sizes, line", [
+    ("1, x", "Not queued: batch sizes: 'x' is not a whole number (one value, or several separated by commas: 1, 4, 16)"),
+    ("1, 4, 4", "Not queued: spec.workload.batch_size: 4 given more than once: each value once"),
+    ("1, 5000", "Not queued: spec.workload.batch_size: must be at most 4,096 (WORKLOAD_MAXIMA), got 5,000"),
+])
+def test_the_form_refuses_a_bad_sweep_naming_the_field(writable_db, open_page, batch_sizes, line):
+    before = _all_jobs(writable_db)
+    at = _submit(open_page(writable_db, "run_benchmark"), batch_sizes=batch_sizes)
+    assert not at.exception
+    assert at.error[0].value.startswith(line)
+    assert _all_jobs(writable_db) == before
+
+
+@pytest.mark.slow
+def test_the_form_queues_a_reference_sweep_that_the_worker_runs_end_to_end(writable_db, open_page):
+    """Reference engine, tiny preset, CPU, 3 batch sizes: one job a point (each its own process, as
+    any reference run), the cards saying which point of the sweep each is, every point run by the
+    worker's execute_job into a run of the sweep."""
+    before = {j["job_id"] for j in _all_jobs(writable_db)}
+    at = _submit(open_page(writable_db, "run_benchmark"), batch_sizes="1, 2, 4", profile_steps=2)
+    assert not at.exception
+    new = sorted(j["job_id"] for j in _all_jobs(writable_db) if j["job_id"] not in before)
+    assert len(new) == 3
+    with open_db(writable_db, read_only=True) as store:
+        jobs = [store.get_job(i) for i in new]
+    sweep_id = jobs[0]["sweep_id"]
+    assert sweep_id.startswith("sweep-") and {j["sweep_id"] for j in jobs} == {sweep_id}
+    assert at.success[0].value.startswith(f"Queued 3 jobs ({', '.join(map(str, new))}): reference tiny "
+                                          f"full-pool-cast on local/cpu · sweep {sweep_id} point 1 of 3 (bs 1)")
+    assert at.success[0].value.endswith(" and 2 more; 1 sweep of 3 points (batch_size 1, 2, 4), one job a point")
+    cards = [m.value for m in at.markdown if m.value.startswith(f"**Job {new[0]}**")]
+    assert cards and "point 1 of 3 (bs 1)" in cards[0]
+    config = Config()
+    for job_id in new:
+        with open_db(writable_db) as store:
+            job = store.claim_job(worker_name(), job_id, worker_proc=process_stamp())
+        status, _ = execute_job(str(writable_db), job, config, load_rule_chain())
+        assert status == "succeeded"
+    with open_db(writable_db, read_only=True) as store:
+        rows = store.con.execute("SELECT sweep_point, batch_size, job_id FROM runs WHERE sweep_id = ?"
+                                 " ORDER BY sweep_point", [sweep_id]).fetchall()
+    assert rows == [(0, 1, new[0]), (1, 2, new[1]), (2, 4, new[2])]

@@ -557,7 +557,8 @@ def _spec_to_submit(job: dict, config: Config, db_path: str) -> RunSpec | None:
         spec = parse_job_spec(json.loads(job["spec"]), config)
     except Exception:  # noqa: BLE001 - execute_job says what is wrong with it
         return None
-    if isinstance(spec, (RangeSpec, SweepSpec)) or spec.engine == "import" or kept_bundle_path(db_path, job["job_id"]).is_dir():
+    if isinstance(spec, (RangeSpec, SweepSpec)) or spec.engine == "import" \
+            or kept_bundle_path(db_path, job["job_id"]).is_dir():
         return None
     return spec
 

@@ -346,7 +346,8 @@ def run_sweep_job(db_path: str, job_id: int, sweep: SweepSpec, config: Config, r
         run_ids.append(_import(db_path, job_id, point, rules, bundle, repo, commit, reporter))
     if commit is not None and run_ids:
         follow_changes(db_path, run_ids, config, reporter.line)
-    lost = [p for p in sweep.points if p.sweep_point in missing or not (kept / point_bundle_name(p.sweep_point)).is_dir()]
+    lost = [p for p in sweep.points
+            if p.sweep_point in missing or not (kept / point_bundle_name(p.sweep_point)).is_dir()]
     imported = (f"{len(run_ids)} of {len(sweep.points)} points imported"
                 + (f" as runs {', '.join(map(str, run_ids))}" if run_ids else ""))
     reporter.line(f"job {job_id}: sweep {sweep.sweep_id}: {imported}")
