@@ -337,3 +337,19 @@ def test_the_form_queues_a_reference_sweep_that_the_worker_runs_end_to_end(writa
         rows = store.con.execute("SELECT sweep_point, batch_size, job_id FROM runs WHERE sweep_id = ?"
                                  " ORDER BY sweep_point", [sweep_id]).fetchall()
     assert rows == [(0, 1, new[0]), (1, 2, new[1]), (2, 4, new[2])]
+
+
+def test_the_reference_engines_peak_gpu_memory_is_kept_on_its_run(tmp_path):
+    """Two real H200 bundles of a batch-size sweep (tests/data/h200/README.md, tiny-peak-memory):
+    kernels.bench's torch.cuda.max_memory_allocated, imported into runs.peak_gpu_mem_bytes."""
+    from tests.helpers import ROOT
+
+    db = tmp_path / "s.duckdb"
+    peaks = {}
+    for bs, expected in ((1, 62_178_304), (16, 66_723_328)):
+        bundle = ROOT / "tests" / "data" / "h200" / "tiny-peak-memory" / f"bundle-bs{bs}"
+        assert main(["import", str(bundle), "--db", str(db)]) == 0
+        with open_db(db, read_only=True) as store:
+            peaks[bs] = store.con.execute("SELECT peak_gpu_mem_bytes, prefill_ms FROM runs WHERE batch_size = ?",
+                                          [bs]).fetchone()
+        assert peaks[bs] == (expected, None)  # the reference engine has no prefill figure
