@@ -353,3 +353,34 @@ def test_the_reference_engines_peak_gpu_memory_is_kept_on_its_run(tmp_path):
             peaks[bs] = store.con.execute("SELECT peak_gpu_mem_bytes, prefill_ms FROM runs WHERE batch_size = ?",
                                           [bs]).fetchone()
         assert peaks[bs] == (expected, None)  # the reference engine has no prefill figure
+
+
+def test_backfill_makes_one_sweep_a_commit(tmp_path, capsys):
+    db = tmp_path / "s.duckdb"
+    assert main(["backfill", "--db", str(db), "--repo", "stepwatch", "--range", "HEAD~2..HEAD", "--variants",
+                 "unpatched", "--engine", "reference", "--preset", "tiny", "--batch-size", "1", "2"]) == 0
+    ids = [int(x) for x in capsys.readouterr().out.split()]
+    with open_db(db, read_only=True) as store:
+        jobs = [store.get_job(i) for i in ids]
+    specs = [json.loads(j["spec"]) for j in jobs]
+    assert [(s["workload"]["batch_size"], s["sweep_point"]) for s in specs] == [(1, 0), (2, 1), (1, 0), (2, 1)]
+    assert specs[0]["ref"] == specs[1]["ref"] != specs[2]["ref"] == specs[3]["ref"]
+    assert jobs[0]["sweep_id"] == jobs[1]["sweep_id"] != jobs[2]["sweep_id"] == jobs[3]["sweep_id"]
+    assert main(["backfill", "--db", str(db), "--repo", "stepwatch", "--range", "HEAD~2..HEAD", "--variants",
+                 "unpatched", "--engine", "reference", "--preset", "tiny", "--batch-size", "2", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "spec.workload.batch_size: 2 given more than once" in err[0]
+    with open_db(db, read_only=True) as store:
+        assert len(store.list_jobs()) == 4  # nothing more queued
+
+
+def test_a_range_job_expands_each_run_body_into_a_sweep_of_its_own():
+    from ingest.runs.expand import expand_range
+    from ingest.runs.spec import RangeSpec
+
+    body = _reference(batch_size=[1, 4])
+    expansion = expand_range(RangeSpec(commits="", repo="", runs=(body, body)), Config())
+    jobs = expansion.list_jobs()
+    assert len(jobs) == 4 and expansion.describe() == "queued 4 jobs (1 ref x 2 runs, 2 of them sweeps)"
+    ids = [json.loads(spec_json)["sweep_id"] for spec_json, _ in jobs]
+    assert ids[0] == ids[1] != ids[2] == ids[3]  # a repeat of a sweep is a sweep of its own
