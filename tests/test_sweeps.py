@@ -13,6 +13,7 @@ tied by a sweep id (ingest/runs/spec.py SweepSpec, migration 015).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from ingest.runs.engines.sglang import build_one_batch_argv, match_sweep_records
 from ingest.runs.errors import SpecError
 from ingest.runs.spec import (Config, HostConfig, RepoConfig, SweepSpec, parse_any_spec, parse_job_spec,
                               parse_rerun_spec, parse_spec)
-from ingest.runs.survival import process_stamp
+from ingest.runs.survival import kept_bundle_path, process_stamp
 from ingest.runs.worker import execute_job, worker_name
 from ingest.traces.categories import load_rule_chain
 from tests.standins.make_fake_sglang import make_fake_sglang, write_model_config
@@ -233,6 +234,13 @@ def test_sglang_sweep_runs_in_one_process_and_every_combination_is_a_run(fake, t
         assert run["peak_gpu_mem_bytes"] is None  # sglang 0.5.23's one-batch JSONL reports no memory
     with open_db(db, read_only=True) as store:
         assert store.list_job_run_ids(job["job_id"]) == [r["run_id"] for r in runs]
+    # a later attempt of the job (its worker died after keeping the bundles) imports them, runs nothing
+    again = tmp_path / "again.duckdb"
+    shutil.copytree(kept_bundle_path(str(db), job["job_id"]), kept_bundle_path(str(again), job["job_id"]))
+    retried = _run_job(again, spec_json, label, config)
+    assert retried["status"] == "succeeded" and "left the sweep's bundles" in retried["log"]
+    assert "Warmup ..." not in retried["log"]
+    assert [r["trace"] for r in _sweep_runs(again, sweep.sweep_id)] == [r["trace"] for r in runs]
 
 
 def test_sglang_sweep_points_the_benchmark_skips_fail_the_job_after_the_others_are_imported(fake, tmp_path):
@@ -384,3 +392,19 @@ def test_a_range_job_expands_each_run_body_into_a_sweep_of_its_own():
     assert len(jobs) == 4 and expansion.describe() == "queued 4 jobs (1 ref x 2 runs, 2 of them sweeps)"
     ids = [json.loads(spec_json)["sweep_id"] for spec_json, _ in jobs]
     assert ids[0] == ids[1] != ids[2] == ids[3]  # a repeat of a sweep is a sweep of its own
+
+
+def test_a_dead_workers_sweep_job_with_some_points_imported_is_requeued_not_succeeded(tmp_path):
+    """A one-process sweep job whose worker died after importing some of its points must run again
+    (its next attempt imports the rest from the kept bundles); a point job (one run) with its run is done."""
+    with open_db(tmp_path / "s.duckdb") as store:
+        sweep_job = store.enqueue_job(json.dumps({"sweep_id": "sweep-1", "workload": {"batch_size": [1, 2]}}), "a")
+        point_job = store.enqueue_job(json.dumps({"sweep_id": "sweep-1", "sweep_point": 0}), "b")
+        plain_job = store.enqueue_job(json.dumps({"engine": "reference"}), "c")
+        for job_id in (sweep_job, point_job, plain_job):
+            store.claim_job("w", job_id)
+        store.con.execute("INSERT INTO runs (content_hash, ranks, steps, step_method, kernel_us_total,"
+                          " kernels_from_cpu_ops, source_path, job_id) SELECT 'h' || x, 1, 1, 'given', 0, false, '/', x"
+                          " FROM range(1, 4) t(x)")
+        imported = {r["job_id"]: r["imported_run_id"] for r in store.list_running_jobs(60)}
+    assert imported == {sweep_job: None, point_job: 2, plain_job: 3}
