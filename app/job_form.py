@@ -14,6 +14,14 @@ and shows in the page's job list.
   expand.py), the specs `python -m ingest backfill` queues. A repeat count N lists the runs N
   times, in rounds: N jobs a commit x run, a commit's jobs next to each other. Both ends are checked for spelling
   here, and a range whose checkout cannot be anywhere is refused here.
+- Batch sizes, contexts (reference) and input / output lengths (sglang) take one value or a list
+  ("1, 4, 16"), a sweep: one run a combination, each of its own series, tied by a sweep id
+  (spec.SweepSpec; its limits MAX_SWEEP_POINTS / MAX_SWEEP_VALUES, a value given twice refused).
+  The reference engine's sweep is queued as one job a point: each is its own process anyway (as
+  `ingest run` runs it), so each keeps its own attempts, cancel, log and kept bundle, and a fleet
+  runs points side by side; SGLang's one-batch benchmark (TP 1) takes the lists itself and runs
+  every point in one process, the model loaded once, so its sweep is ONE job whose card says
+  "sweep ... of N points". At a range, each commit gets its own sweep (and sweep id).
 - Code runs only from a repository the config names, or this checkout for the reference engine:
   any other repo (a name the config lacks, the path of some other checkout) is refused here with
   its name (spec.find_code_problem), and again by the worker. An import's path must lie under the
@@ -27,8 +35,12 @@ from dataclasses import dataclass, field
 
 from ingest.limits import MAX_REPEATS
 from ingest.runs.errors import SpecError
-from ingest.runs.spec import (Config, RangeSpec, RunSpec, check_commits, find_code_problem, parse_job_spec, parse_spec,
-                              place_at_commit)
+from ingest.runs.spec import (Config, RangeSpec, RunSpec, SweepSpec, check_commits, find_code_problem, list_spec_jobs,
+                              parse_any_spec, parse_job_spec, parse_spec, place_at_commit)
+
+# the form's text fields that take one value or a list, and the names their messages give them
+LISTED_FIELDS = {"batch_size": "batch sizes", "input_len": "input tokens", "output_len": "output tokens",
+                 "context": "context tokens"}
 
 
 @dataclass(frozen=True)
@@ -51,11 +63,29 @@ class FormInput:
 class JobPlan:
     jobs: list[tuple[str, str]]  # (spec JSON, label) of each job to queue, in order
     batch: str  # one label for the jobs queued together, and for those a range job queues
-    specs: list[RunSpec] = field(default_factory=list)  # the run specs among `jobs`
+    specs: list[RunSpec | SweepSpec] = field(default_factory=list)  # the run specs (or sweeps) among `jobs`
     expand: RangeSpec | None = None  # the range job among `jobs`, expanded by a worker
 
 
+def parse_listed(text, name: str):
+    """A listed field's text ("1, 4, 16", or "8"): an int, a list of ints (a sweep), or None when
+    blank; raises SpecError naming the field. Limits and duplicates are the spec's to refuse."""
+    if text is None or isinstance(text, int):
+        return text
+    parts = [p.strip() for p in str(text).replace(";", ",").split(",")]
+    if not any(parts):
+        return None
+    values = []
+    for part in parts:
+        if not part.isdigit():
+            raise SpecError(f"{name}: {part!r} is not a whole number (one value, or several separated by commas: "
+                            "1, 4, 16)")
+        values.append(int(part))
+    return values[0] if len(values) == 1 else values
+
+
 def _clean_workload(values: dict) -> dict:
+    values = {k: parse_listed(v, LISTED_FIELDS[k]) if k in LISTED_FIELDS else v for k, v in values.items()}
     return {k: v for k, v in values.items() if v not in (None, "", [], ())}
 
 
@@ -93,8 +123,9 @@ def _plan_range_job(form: FormInput, config: Config, runs: list[dict], batch: st
     if ".." in text:
         _check_range(form, config)
     repo = form.repo if form.repo in (*config.repos, "stepwatch") else None
-    probes = [parse_spec(place_at_commit(body, repo, text.partition("..")[2] or text or None), config)
+    probes = [parse_any_spec(place_at_commit(body, repo, text.partition("..")[2] or text or None), config)
               for body in runs]
+    probes = [p.points[0] if isinstance(p, SweepSpec) else p for p in probes]
     expand = RangeSpec(commits=text, repo=form.repo, runs=tuple(runs), host=form.host, every=form.every,
                        batch=batch)
     parse_job_spec(json.loads(expand.to_json()), config)  # what the worker will read, refused here if it would be
@@ -134,8 +165,19 @@ def plan_jobs(form: FormInput, config: Config) -> JobPlan:
         return _plan_range_job(form, config, runs, f"form {form.engine} {text} every {form.every}"
                                + (f" x {form.repeat} repeats" if form.repeat > 1 else ""))
     batch = f"form {form.engine} {text or 'HEAD'}" + (f" x {form.repeat} repeats" if form.repeat > 1 else "")
-    specs = [parse_spec(place_at_commit(body, form.repo or None, text or None), config) for body in runs]
-    return JobPlan([(s.to_json(), s.describe()) for s in specs], batch, specs)
+    specs = [parse_any_spec(place_at_commit(body, form.repo or None, text or None), config) for body in runs]
+    return JobPlan([job for s in specs for job in list_spec_jobs(s)], batch, specs)
+
+
+def describe_sweeps(plan: JobPlan) -> str:
+    """What the plan's sweeps are, for the page's note: "; 1 sweep of 3 points (batch_size 1, 4, 16)"."""
+    sweeps = [s for s in plan.specs if isinstance(s, SweepSpec)]
+    if not sweeps:
+        return ""
+    one = sweeps[0]
+    many = f"{len(sweeps)} sweeps" if len(sweeps) > 1 else "1 sweep"
+    how = "in one process" if one.in_one_process else "one job a point"
+    return f"; {many} of {len(one.points)} points ({one.describe_axes()}), {how}"
 
 
 def describe_range_job(plan: JobPlan) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ingest.limits import MAX_REPEATS
+from ingest.limits import MAX_REPEATS, MAX_SWEEP_POINTS
 from ingest.runs.spec import WORKLOAD_MAXIMA as MAX
 from ingest.runs.spec import Config
 from kernels.names import KV_STRATEGIES
@@ -14,6 +14,14 @@ from kernels.names import PRESET_NAMES as PRESETS
 from .job_form import FormInput
 
 MODES = {"eager": False, "CUDA graph": True}
+SWEEP_HELP = ("one value, or several separated by commas for a sweep (one run a combination, each of its own "
+              "series, tied by a sweep id; at most {points} combinations, MAX_SWEEP_POINTS in ingest/limits.py)")
+
+
+def _listed(column, label: str, default: str, key: str, help_text: str = "") -> str:
+    """A workload field that takes one value or a list ("1, 4, 16"): the text as entered (app.job_form parses it)."""
+    return column.text_input(label, value=default, key=key, help=(help_text + " " if help_text else "")
+                             + SWEEP_HELP.format(points=MAX_SWEEP_POINTS))
 
 
 def _common(config: Config) -> dict:
@@ -47,9 +55,9 @@ def ask_reference(config: Config) -> FormInput:
     cols = st.columns(4)
     workload = dict(
         preset=cols[0].selectbox("Preset", list(PRESETS), index=list(PRESETS).index("tiny"), key="preset"),
-        batch_size=int(cols[1].number_input("Batch size", min_value=1, max_value=MAX["batch_size"], value=1)),
-        context=int(cols[2].number_input("Context tokens (0: the preset's)", min_value=0, max_value=MAX["context"],
-                                           value=0)) or None,
+        batch_size=_listed(cols[1], "Batch sizes", "1", "batch_sizes", "e.g. 1, 4, 16:"),
+        context=_listed(cols[2], "Context tokens (blank: the preset's)", "", "contexts",
+                        f"at most {MAX['context']:,} each;"),
         profile_steps=int(cols[3].number_input("Profiled steps", min_value=1, max_value=MAX["profile_steps"], value=3,
                                                  key="profile_steps")))
     return FormInput("reference", repo=repo.strip(), variants=tuple(variants),
@@ -72,9 +80,9 @@ def ask_sglang(config: Config) -> FormInput:
         load_format=cols[1].text_input("Load format", placeholder="e.g. dummy").strip(),
         kv_cache_dtype=cols[2].text_input("KV cache dtype", placeholder="e.g. fp8_e4m3").strip(),
         attention_backend=cols[3].text_input("Attention backend").strip(),
-        batch_size=int(cols[0].number_input("Batch size", min_value=1, max_value=MAX["batch_size"], value=1)),
-        input_len=int(cols[1].number_input("Input tokens", min_value=1, max_value=MAX["input_len"], value=256)),
-        output_len=int(cols[2].number_input("Output tokens", min_value=1, max_value=MAX["output_len"], value=32)),
+        batch_size=_listed(cols[0], "Batch sizes", "1", "batch_sizes", "e.g. 1, 8, 32:"),
+        input_len=_listed(cols[1], "Input tokens", "256", "input_lens", "e.g. 1024, 4096:"),
+        output_len=_listed(cols[2], "Output tokens", "32", "output_lens"),
         tp=int(cols[3].number_input("Tensor parallel", min_value=1, max_value=MAX["tp"], value=1)),
         profile_steps=int(cols[0].number_input("Profiled steps", min_value=1, max_value=MAX["profile_steps"], value=3)),
         extra_args=st.text_input("Extra server flags", placeholder="--flag --flag=value").split())

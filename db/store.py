@@ -729,16 +729,29 @@ class Store:
     def list_running_jobs(self, stale_s: float) -> list[dict]:
         """Running jobs with what deciding whether their worker is alive needs: the worker and its
         process stamp, the attempt, whether the heartbeat is older than `stale_s` seconds and
-        how old, whether someone asked to cancel, and the run already imported for the job."""
+        how old, whether someone asked to cancel, and the run already imported for the job (none
+        for an in-process sweep job, a job with a sweep id but no one point: its attempt may have
+        imported some of its points only, so it is requeued and the next imports the rest)."""
         fields = ("job_id", "worker", "worker_proc", "attempts", "stale", "heartbeat_age_s", "cancel_requested",
                   "imported_run_id")
         rows = self.con.execute(
             "SELECT job_id, worker, worker_proc, attempts,"
             " coalesce(heartbeat_at < current_timestamp - to_seconds(?), true),"
             " epoch(current_timestamp) - epoch(CAST(heartbeat_at AS TIMESTAMPTZ)), cancel_requested,"
-            " (SELECT min(r.run_id) FROM runs r WHERE r.job_id = jobs.job_id)"
+            " CASE WHEN sweep_id IS NULL OR json_extract(spec, '$.sweep_point') IS NOT NULL"
+            " THEN (SELECT min(r.run_id) FROM runs r WHERE r.job_id = jobs.job_id) END"
             " FROM jobs WHERE status = 'running' ORDER BY job_id", [stale_s]).fetchall()
         return [dict(zip(fields, row)) for row in rows]
+
+    def get_run_sweep_point(self, run_id: int) -> int | None:
+        """The run's index among its sweep's points (None: no sweep point)."""
+        row = self.con.execute("SELECT sweep_point FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        return row[0] if row else None
+
+    def list_job_run_ids(self, job_id: int) -> list[int]:
+        """The runs of a job: one, or a sweep job's, in the order of its points."""
+        return [r[0] for r in self.con.execute(
+            "SELECT run_id FROM runs WHERE job_id = ? ORDER BY sweep_point NULLS FIRST, run_id", [job_id]).fetchall()]
 
     def find_run_of_job(self, job_id: int, sweep_point: int | None = None) -> int | None:
         """The job's run (its first); with `sweep_point`, the run of that point of a sweep job."""

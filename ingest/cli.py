@@ -201,7 +201,10 @@ def _add_spec_arguments(p: argparse.ArgumentParser, with_repo: bool = True) -> N
     p.add_argument("--load-format")
     p.add_argument("--kv-cache-dtype")
     p.add_argument("--attention-backend")
-    for flag in ("batch-size", "input-len", "output-len", "context", "tp", "profile-steps"):
+    for flag in ("batch-size", "input-len", "output-len", "context"):  # several values: a sweep, one run each
+        p.add_argument(f"--{flag}", type=_positive_int, nargs="+", metavar="N",
+                       help="one value, or several for a sweep (one run a combination; ingest/runs/spec.py SweepSpec)")
+    for flag in ("tp", "profile-steps"):
         p.add_argument(f"--{flag}", type=_positive_int)
 
 

@@ -30,8 +30,9 @@ def _spec_body(args) -> dict:
         body = load_user_table(args.spec_file, SpecError, as_json=args.spec_file.endswith(".json"))
     workload = dict(body.get("workload") or {})
     for key in _WORKLOAD_FLAGS:
-        if getattr(args, key, None) is not None:
-            workload[key] = getattr(args, key)
+        value = getattr(args, key, None)
+        if value is not None:  # `--batch-size 1 8 32`: a list, a sweep; one value stays one value
+            workload[key] = value[0] if isinstance(value, list) and len(value) == 1 else value
     body["workload"] = workload
     for key in ("engine", "host", "device", "repo", "repo_path", "ref", "variant", "path", "timeout_s"):
         if getattr(args, key, None) is not None:
@@ -40,28 +41,34 @@ def _spec_body(args) -> dict:
 
 
 def run_run(args) -> int:
-    from .runs.spec import load_config, parse_spec
+    from .runs.spec import SweepSpec, list_spec_jobs, load_config, parse_any_spec
     from .runs.worker import check_runnable  # change tracking's SciPy: not for import
 
     config = load_config(args.config)
-    spec = parse_spec(_spec_body(args), config)
-    check_runnable(spec, config)  # an unknown ref or an unreachable host: refused, nothing queued
+    body = _spec_body(args)
+    spec = parse_any_spec(body, config)  # a sweep: every point checked before anything is queued
+    check_runnable(spec.points[0] if isinstance(spec, SweepSpec) else spec, config)  # a bad ref, a dead host
     run_ids = []
-    for _ in range(args.repeat):  # each repeat its own job, its own process, its own run
+    for repeat in range(args.repeat):  # each repeat its own job(s), its own process, its own run(s)
+        if repeat and isinstance(spec, SweepSpec) and "sweep_id" not in body:
+            spec = parse_any_spec(body, config)  # a repeated sweep is a sweep of its own
+        jobs = list_spec_jobs(spec)
         with open_db(args.db) as store:
-            job_id = store.enqueue_job(spec.to_json(), spec.describe())
-        print(f"queued job {job_id}: {spec.describe()}", file=sys.stderr)
+            job_ids = [store.enqueue_job(spec_json, label) for spec_json, label in jobs]
+        for job_id, (_, label) in zip(job_ids, jobs):
+            print(f"queued job {job_id}: {label}", file=sys.stderr)
         if args.queue:
-            print(job_id)
+            print(*job_ids)
             continue
-        run_ids.append(_run_now(args, config, job_id))
+        for job_id in job_ids:
+            run_ids += _run_now(args, config, job_id)
     for run_id in run_ids:
         print(run_id)
     return 0
 
 
-def _run_now(args, config, job_id: int) -> int:
-    """Claim and execute one queued job here; its run id."""
+def _run_now(args, config, job_id: int) -> list[int]:
+    """Claim and execute one queued job here; its run ids (one, or a sweep job's, point by point)."""
     from .runs.survival import process_stamp
     from .runs.worker import execute_job, worker_name
 
@@ -76,9 +83,10 @@ def _run_now(args, config, job_id: int) -> int:
     bar.close()
     with open_db(args.db, read_only=True) as store:
         final = store.get_job(job_id, with_log=False)
+        run_ids = store.list_job_run_ids(job_id) if final["sweep_id"] else [run_id]
     if status != "succeeded":
         raise RunError(f"job {job_id} {status}: {final['error_kind']}: {final['error']}")
-    return run_id
+    return run_ids
 
 
 def _with_progress(bar: Progress, echo):
@@ -123,7 +131,7 @@ def run_backfill(args) -> int:
     from .runs.connect import make_host_for
     from .runs.git import list_first_parent
     from .runs.repos import locate_repo
-    from .runs.spec import load_config, parse_spec
+    from .runs.spec import list_spec_jobs, load_config, parse_any_spec
 
     config = load_config(args.config)
     host = make_host_for(config, args.host or "local")
@@ -134,21 +142,29 @@ def run_backfill(args) -> int:
     commits = list_first_parent(host, repo_path, args.range_spec, args.every)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     base = _spec_body(args)
-    specs = []
+    if "sweep_id" in base:
+        raise SpecError("spec.sweep_id: a backfill makes one sweep a commit and variant, each with its own id; "
+                        "leave sweep_id out")
+    bodies = []
     for c in commits:  # check every spec before queueing any
         for v in variants:
             body = {**base, "repo": repo_name, "ref": c.sha, "variant": v}
             if args.repo not in config.repos:
                 body["repo_path"] = repo_path
-            specs.append(parse_spec(body, config))
+            bodies.append(body)
+    # a body listing batch sizes / lengths is a sweep: one a commit x variant x repeat, each its own id
+    rounds = [[list_spec_jobs(parse_any_spec(b, config)) for b in bodies] for _ in range(args.repeat)]
     batch = f"backfill {repo_name} {args.range_spec}"
     with open_db(args.db) as store:
         for c in commits:
             store.record_commit(repo_name, c.sha, c.committed_at, c.author, c.subject, c.seq)
         # repeats in rounds over every commit (A B C A B C), so that a host's drift falls on all alike
-        ids = [store.enqueue_job(s.to_json(), s.describe(), batch) for _ in range(args.repeat) for s in specs]
+        ids = [store.enqueue_job(spec_json, label, batch) for jobs in rounds for spec_jobs in jobs
+               for spec_json, label in spec_jobs]
     repeats = f" x {args.repeat} repeats" if args.repeat > 1 else ""
-    print(f"queued {len(ids)} jobs ({len(commits)} commits x {len(variants)} variants{repeats}), "
+    points = len(ids) // max(len(bodies) * args.repeat, 1)
+    sweep = f" x {points} sweep points" if points > 1 else ""
+    print(f"queued {len(ids)} jobs ({len(commits)} commits x {len(variants)} variants{repeats}{sweep}), "
           f"jobs {ids[0]}..{ids[-1]}", file=sys.stderr)
     print(" ".join(map(str, ids)))
     return 0

@@ -188,6 +188,15 @@ def describe_device(device: torch.device) -> dict:
             "capability": f"{props.major}.{props.minor}"}
 
 
+def measure_peak_memory(device: torch.device) -> dict:
+    """{"peak_gpu_mem_bytes": N}: the most memory torch's allocator held on the GPU in this process
+    so far (weights, KV pool, activations, a graph's pool: torch.cuda.max_memory_allocated), for
+    the run's manifest; {} on the CPU, where there is none to report."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_gpu_mem_bytes": int(torch.cuda.max_memory_allocated(device))}
+
+
 def describe_versions() -> dict:
     try:
         import triton
@@ -278,7 +287,7 @@ def run_bench(workload: DecodeWorkload, out: Path, *, timing_steps: int = 20, wa
             profiled_steps=steps,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             extra={"weight_bytes": count_weight_bytes(cfg), "floor_bytes": count_floor_bytes(cfg),
-                   "key_averages": KEY_AVERAGES_NAME,
+                   "key_averages": KEY_AVERAGES_NAME, **measure_peak_memory(state.device),
                    **({"mapping_key_averages": MAPPING_KEY_AVERAGES_NAME} if graph_mapping else {})},
             mapping_traces=mapping_traces,
         )

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, spec_inputs
-from app.job_form import describe_range_job, plan_jobs
+from app.job_form import describe_range_job, describe_sweeps, plan_jobs
 from app.markdown_text import format_markdown
 from app.tables import as_percent, link_runs, run_columns
 from db import views
@@ -52,9 +52,9 @@ if submitted:
             st.success(format_markdown("Queued job {}: {}; {} (below).", ids[0], plan.jobs[0][1],
                                        describe_range_job(plan)))
         else:
-            st.success(format_markdown("Queued {} job{} ({}): {}{}", len(ids), "s" if len(ids) > 1 else "",
+            st.success(format_markdown("Queued {} job{} ({}): {}{}{}", len(ids), "s" if len(ids) > 1 else "",
                                        ", ".join(map(str, ids)), plan.jobs[0][1],
-                                       f" and {len(ids) - 1} more" if len(ids) > 1 else ""))
+                                       f" and {len(ids) - 1} more" if len(ids) > 1 else "", describe_sweeps(plan)))
 
 
 SHOWN_ACTIVE = 20

@@ -24,7 +24,7 @@ from db.views import list_changes
 
 from .connect import make_host
 from .git import list_after
-from .spec import Config, parse_spec
+from .spec import Config, parse_rerun_spec
 from .track import is_bisectable
 
 
@@ -51,8 +51,8 @@ def plan_bisects(db_path: str, config: Config, echo: Callable[[str], None] = lam
     with open_db(db_path) as store:
         windows = _read_windows(store, echo)
     planned = []
-    for tag, change, spec_json in windows:
-        spec = parse_spec(json.loads(spec_json), config)
+    for tag, change, spec_json, point in windows:
+        spec = parse_rerun_spec(json.loads(spec_json), point, config)  # a sweep's point: that point, no sweep
         between = _first_parent_between(config, spec, change["last_good_sha"], change["first_bad_sha"])[:-1]
         if between:
             planned.append((tag, change, dataclasses.replace(spec, ref=between[(len(between) - 1) // 2]), len(between)))
@@ -94,5 +94,5 @@ def _read_windows(store, echo: Callable[[str], None]) -> list[tuple[str, dict, s
         if spec_json is None:
             echo(f"{tag}: the first bad run was imported, not run by a job: cannot bisect")
             continue
-        windows.append((tag, change, spec_json))
+        windows.append((tag, change, spec_json, store.get_run_sweep_point(int(change["first_bad_run_id"]))))
     return windows

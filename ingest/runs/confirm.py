@@ -31,7 +31,7 @@ from db.store import open_db
 from db.views import get_series_of_run, list_changes
 
 from ..limits import CONFIRM_PAIRS, MAX_CONFIRMATIONS_PER_SERIES
-from .spec import Config, RunSpec, parse_spec
+from .spec import Config, RunSpec, parse_rerun_spec
 from .track import PRIMARY
 
 BATCH_PREFIX = "confirm "
@@ -115,7 +115,8 @@ def _read_windows(store, changes, config: Config, echo: Callable[[str], None]) -
                  f"(MAX_CONFIRMATIONS_PER_SERIES): this one stays suspected")
             continue
         spec_json = store.get_job_spec_of_run(int(change["first_bad_run_id"]))
-        spec = parse_spec(json.loads(spec_json), config) if spec_json is not None else None
+        point = store.get_run_sweep_point(int(change["first_bad_run_id"]))  # a sweep's point: re-run that point
+        spec = parse_rerun_spec(json.loads(spec_json), point, config) if spec_json is not None else None
         if spec is None or spec.engine == "import":
             echo(f"{confirmation_tag(change)}: the first bad run was imported, not run from a spec: "
                  "it cannot be re-run, the change stays suspected")

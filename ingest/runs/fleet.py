@@ -68,7 +68,7 @@ from db.store import StoreError, open_db
 from ..limits import MAX_ATTEMPTS
 from ..traces.categories import Rule
 from .repos import ROOT
-from .spec import Config, RangeSpec, RunSpec, parse_job_spec
+from .spec import Config, RangeSpec, RunSpec, SweepSpec, parse_job_spec
 from .survival import kept_bundle_path, make_work_dir, stop_local_commands
 from .worker import (
     HEARTBEAT_S,
@@ -551,13 +551,14 @@ def _tell(relay, f: _InFlight, why: str) -> None:
 
 def _spec_to_submit(job: dict, config: Config, db_path: str) -> RunSpec | None:
     """The job's spec when it runs as a Ray task; None when it runs here (a range job, an import
-    job, a job whose kept bundle an earlier attempt left, or a spec that does not parse: the
+    job, an in-process sweep, a job whose kept bundle an earlier attempt left, or a spec that does not parse: the
     local path fails it with its line)."""
     try:
         spec = parse_job_spec(json.loads(job["spec"]), config)
     except Exception:  # noqa: BLE001 - execute_job says what is wrong with it
         return None
-    if isinstance(spec, RangeSpec) or spec.engine == "import" or kept_bundle_path(db_path, job["job_id"]).is_dir():
+    if isinstance(spec, (RangeSpec, SweepSpec)) or spec.engine == "import" \
+            or kept_bundle_path(db_path, job["job_id"]).is_dir():
         return None
     return spec
 

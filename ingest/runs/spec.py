@@ -141,8 +141,10 @@ class RunSpec:
         point = ""
         if self.sweep_id is not None:
             w = self.workload
-            shape = f"bs {w.batch_size}" + (f" ctx {w.context}" if self.engine == "reference" and w.context else
-                                            f" in {w.input_len} out {w.output_len}" if self.engine != "reference" else "")
+            if self.engine == "reference":
+                shape = f"bs {w.batch_size}" + (f" ctx {w.context}" if w.context else "")
+            else:
+                shape = f"bs {w.batch_size} in {w.input_len} out {w.output_len}"
             point = f" · sweep {self.sweep_id} point {(self.sweep_point or 0) + 1} ({shape})"
         return f"{self.engine} {what} {self.describe_variant()}{where} on {self.host}/{self.device}{point}"
 

@@ -50,7 +50,7 @@ from .git import CommitInfo, describe_commit, resolve_ref
 from .import_process import prepare_stoppable
 from .hosts import Host, LocalHost
 from .repos import ROOT, check_code_source
-from .spec import Config, RangeSpec, RunSpec, parse_job_spec
+from .spec import Config, RangeSpec, RunSpec, SweepSpec, parse_job_spec
 from .survival import (
     kept_bundle_path,
     list_work_dirs,
@@ -181,6 +181,27 @@ def run_spec(spec: RunSpec, config: Config, reporter: Reporter, work_dir: Path) 
     return engine.run(spec, config, host, checkout, work_dir, io), repo, commit
 
 
+def run_sweep_spec(sweep: SweepSpec, config: Config, reporter: Reporter,
+                   work: Path) -> tuple[Path, dict[int, str], str, CommitInfo | None]:
+    """Run an in-process sweep (one engine process for every point: engines/base.py `run_sweep`);
+    return (the sweep's directory, {point: why it has no result}, repo name, commit). The
+    directory holds one bundle a point that has a result, `point-NNN` (engines/base.py)."""
+    first = sweep.points[0]
+    host = make_host_for(config, first.host)
+    host.check()
+    repo, repo_path, commit = _resolve_commit(first, config, host)
+    engine = ENGINES[first.engine]
+    if engine.run_sweep is None:
+        raise SpecError(f"spec.engine {first.engine!r}: runs no sweep in one process; queue one job a point")
+    for point in sweep.points:
+        engine.check(point, config, host)
+    checkout = Checkout(commit.sha if commit else None, repo_path)
+    io = EngineIO(on_line=reporter.line, on_progress=reporter.progress, should_stop=reporter.should_stop,
+                  on_scratch=lambda path, repo=None: reporter.note_scratch(first.host, path, repo))
+    directory, missing = engine.run_sweep(sweep, config, host, checkout, work, io)
+    return directory, missing, repo, commit
+
+
 def follow_changes(db_path: str, run_ids: list[int], config: Config, say: Callable[[str], None]) -> None:
     """Re-detect changes in the series of new runs (each series once), queue the interleaved
     re-runs that confirm a suspected change (confirm.py; never for a confirmation's own runs) and
@@ -250,7 +271,8 @@ def _import(db_path: str, job_id: int, spec: RunSpec, rules: list[Rule], bundle:
     # in a process of its own, so that a cancel, SIGTERM or the job's timeout_s stop it (import_process.py)
     record = prepare_stoppable(bundle, rules, ImportOptions(
         repo=repo, commit=commit.sha if commit else spec.ref,
-        variant=spec.variant if spec.engine != "reference" else None, job_id=job_id),
+        variant=spec.variant if spec.engine != "reference" else None, job_id=job_id,
+        sweep_id=spec.sweep_id, sweep_point=spec.sweep_point),
         reporter.should_stop, spec.timeout_s, reporter.line)
     tables = run_tables(record)  # before the file is held
     with open_db(db_path) as store:
@@ -274,6 +296,8 @@ def _attempt(db_path: str, job: dict, config: Config, rules: list[Rule], reporte
             reporter.line(f"job {job_id}: {expansion.describe()}")
             return Outcome("succeeded", expansion=expansion)
         reporter.line(f"job {job_id}: attempt {job['attempts']}: {spec.describe()}")
+        if isinstance(spec, SweepSpec):
+            return run_sweep_job(db_path, job_id, spec, config, rules, reporter, work)
         bundle, repo, commit = _bundle_for(db_path, job_id, spec, config, reporter, work)
         return finish_run(db_path, job_id, spec, config, rules, bundle, repo, commit, reporter)
     except Exception as e:  # noqa: BLE001 - every failure of the job becomes its outcome
@@ -289,6 +313,56 @@ def finish_run(db_path: str, job_id: int, spec: RunSpec, config: Config, rules: 
     if follow and commit is not None:
         follow_changes(db_path, [run_id], config, reporter.line)
     return Outcome("succeeded", run_id)
+
+
+def point_bundle_name(point: int) -> str:
+    """The directory of a sweep point's bundle inside its sweep's directory."""
+    return f"point-{point:03d}"
+
+
+def run_sweep_job(db_path: str, job_id: int, sweep: SweepSpec, config: Config, rules: list[Rule],
+                  reporter: Reporter, work: Path) -> Outcome:
+    """An in-process sweep job: one engine process for every point (an earlier attempt's kept
+    directory instead, if it left one), then every point with a result imported as its own run
+    (at most one run a job and point), then their series' changes followed. The job succeeds when
+    every point has its run; points without a result fail it ("sweep-incomplete", naming them and
+    why) after the others are imported: a point SGLang skipped is data, the others are kept."""
+    kept = kept_bundle_path(db_path, job_id)
+    if kept.is_dir():
+        reporter.line(f"job {job_id}: an earlier attempt left the sweep's bundles at {kept}: importing them "
+                      "instead of running the engine again")
+        repo, _, commit = _resolve_commit(sweep.points[0], config, make_host_for(config, sweep.points[0].host))
+        missing_file = kept / "missing.json"
+        missing = {int(k): v for k, v in json.loads(missing_file.read_text()).items()} if missing_file.is_file() else {}
+    else:
+        directory, missing, repo, commit = run_sweep_spec(sweep, config, reporter, work)
+        (directory / "missing.json").write_text(json.dumps({str(k): v for k, v in missing.items()}))
+        kept = keep_bundle(db_path, job_id, directory, work)
+    run_ids = []
+    for point in sweep.points:
+        bundle = kept / point_bundle_name(point.sweep_point)
+        if point.sweep_point in missing or not bundle.is_dir():
+            continue
+        run_ids.append(_import(db_path, job_id, point, rules, bundle, repo, commit, reporter))
+    if commit is not None and run_ids:
+        follow_changes(db_path, run_ids, config, reporter.line)
+    lost = [p for p in sweep.points
+            if p.sweep_point in missing or not (kept / point_bundle_name(p.sweep_point)).is_dir()]
+    imported = (f"{len(run_ids)} of {len(sweep.points)} points imported"
+                + (f" as runs {', '.join(map(str, run_ids))}" if run_ids else ""))
+    reporter.line(f"job {job_id}: sweep {sweep.sweep_id}: {imported}")
+    if lost:
+        why = "; ".join(f"point {p.sweep_point + 1} ({_describe_point(p)}): "
+                        f"{missing.get(p.sweep_point, 'no bundle')}" for p in lost)
+        return Outcome("failed", run_ids[0] if run_ids else None, "sweep-incomplete", f"{imported}; {why}")
+    return Outcome("succeeded", run_ids[0])
+
+
+def _describe_point(point: RunSpec) -> str:
+    w = point.workload
+    if point.engine == "reference":
+        return f"bs {w.batch_size}" + (f", context {w.context}" if w.context else "")
+    return f"bs {w.batch_size}, input {w.input_len}, output {w.output_len}"
 
 
 def outcome_of(error: Exception, reporter) -> Outcome:

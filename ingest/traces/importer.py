@@ -51,6 +51,8 @@ class ImportOptions:
     tok_per_s: float | None = None
     steps: int | None = None
     job_id: int | None = None
+    sweep_id: str | None = None  # the sweep the run is a point of (a job's spec); None: the manifest's, if any
+    sweep_point: int | None = None
     limits: ReadLimits = DEFAULT_LIMITS
     patterns: tuple[Pattern, ...] | None = None  # the pattern catalog (load_pattern_catalog); None: the built-in one
     mapping: str | None = None  # graph-off trace(s) of the same workload (--mapping); None: the bundle's, if any
@@ -288,10 +290,48 @@ def build_record(path: Path, files: list[Path], figures: list[RankFigures], mani
         timing_ms_p10=m.timing.p10_ms if m and m.timing else None,
         timing_ms_p90=m.timing.p90_ms if m and m.timing else None,
         job_id=opts.job_id,
+        **read_sweep_fields(m, opts),
+        **read_engine_figures(m),
         notes=list(lead.notes) + rank_notes + _attribution_notes(lead.graph_attribution),
         rank_stats=rank_stats,
         graph_attribution=lead.graph_attribution,
     )
+
+
+# The one-batch benchmark's JSONL fields (sglang 0.5.23 benchmark/one_batch.py latency_test_run_once's
+# measurement_results: latencies in s, throughputs in tok/s) and the run columns they are kept in
+_JSONL_FIGURES = (("prefill_latency", "prefill_ms", 1000.0), ("prefill_throughput", "prefill_tok_per_s", 1.0),
+                  ("median_decode_latency", "decode_ms_median", 1000.0),
+                  ("median_decode_throughput", "decode_tok_per_s_median", 1.0),
+                  ("total_latency", "total_latency_ms", 1000.0))
+
+
+def read_engine_figures(m: Manifest | None) -> dict:
+    """The engine's own figures of the run, as run columns (migration 015): an sglang bundle's JSONL
+    record (manifest extra "result"), and the peak GPU memory where the engine reports one (extra
+    "peak_gpu_mem_bytes"); a figure that is missing or not a finite number is left out (NULL)."""
+    extra = (m.extra or {}) if m is not None else {}
+    record = extra.get("result") if isinstance(extra.get("result"), dict) else {}
+    figures = {}
+    for key, column, scale in _JSONL_FIGURES:
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            figures[column] = float(value) * scale
+    peak = extra.get("peak_gpu_mem_bytes")
+    if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0:
+        figures["peak_gpu_mem_bytes"] = peak
+    return figures
+
+
+def read_sweep_fields(m: Manifest | None, opts: ImportOptions) -> dict:
+    """The sweep a run is a point of: the importing job's (opts), else the bundle's (extra "sweep")."""
+    if opts.sweep_id is not None:
+        return {"sweep_id": opts.sweep_id, "sweep_point": opts.sweep_point}
+    sweep = ((m.extra or {}) if m is not None else {}).get("sweep")
+    if isinstance(sweep, dict) and isinstance(sweep.get("id"), str) and is_label(sweep["id"]):
+        point = sweep.get("point")
+        return {"sweep_id": sweep["id"], "sweep_point": point if isinstance(point, int) and point >= 0 else None}
+    return {}
 
 
 def _attribution_notes(summary: dict | None) -> list[str]:

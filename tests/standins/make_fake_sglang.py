@@ -43,6 +43,22 @@ process per TP rank, and models what the engine's server path depends on:
   `--load-format dummy` (write_model_config writes both);
 - DP attention (`--attn-dp-size`): each DP rank's own batch and profiler, files -TP-{tp}-DP-{dp}.
 
+Sweeps (lists), as sglang 0.5.23's python/sglang/benchmark/one_batch.py does them, checked against the
+wheel's source: `--batch-size`, `--input-len` and `--output-len` take several values (`nargs="+"`,
+BenchArgs.add_cli_args); ONE process loads the model, warms up once on the first batch size and input
+length (output min(32, first output len), not profiled: latency_test, lines 924-945), then runs
+`itertools.product(batch_size, input_len, output_len)` in that order, the batch size outermost (line
+958); each combination writes its own decode trace
+`{prefix}_batch{bs}_input{il}_output{ol}_decode.trace.json.gz` in $SGLANG_TORCH_PROFILER_DIR
+(_create_torch_profiler_filename, lines 663-668) and its own JSONL record (run_name, batch_size,
+input_len, output_len, prefill_latency, prefill_throughput, median_decode_latency,
+median_decode_throughput, total_latency, overall_throughput; lines 782-888), all records appended
+at the end, in loop order (lines 1004-1007); a combination whose batch exceeds the pool
+(`max_total_num_tokens // (input_len + output_len)`, which `--max-total-tokens` sets) prints
+`skipping (bs, il, ol) due to max batch size limit` and writes neither (lines 769-775). The one
+`--profile-start-step` applies to every combination. What the real JSONL does not hold, the
+stand-in does not either: no GPU memory figure.
+
 Both benchmarks append SGLang's JSONL record to --result-filename and write REAL torch.profiler
 traces (CPU ops of a tiny MLA-like decode model, with_stack=True). The model's attention runs
 `python/sglang/srt/layers/attention/flashinfer_mla_backend.py`, which holds SGLang's whole-pool

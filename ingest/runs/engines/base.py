@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..hosts import Host
-from ..spec import Config, RunSpec
+from ..spec import Config, RunSpec, SweepSpec
 
 
 def _ignore(*_args) -> None:
@@ -61,3 +61,7 @@ class Engine:
     name: str  # the spec's `engine`
     check: Callable[[RunSpec, Config, Host], None]
     run: Callable[[RunSpec, Config, Host, Checkout, Path, EngineIO], Path]
+    # an engine that runs every point of a sweep in ONE process (SGLang's one-batch benchmark takes
+    # lists): (sweep, ...) -> (a directory with one bundle a point that has a result, named
+    # `point-NNN` by its index, {point index: why it has no result}); None: one job a point
+    run_sweep: Callable[[SweepSpec, Config, Host, Checkout, Path, EngineIO], tuple[Path, dict[int, str]]] | None = None

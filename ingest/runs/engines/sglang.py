@@ -37,7 +37,7 @@ from kernels.bundle import Manifest, Timing, write_bundle
 from ..errors import CommandCancelled, CommandFailed, CommandTimeout, RunError, SpecError
 from ..git import add_worktree, remove_worktree
 from ..hosts import Host
-from ..spec import Config, RunSpec, Workload
+from ..spec import Config, RunSpec, SweepSpec, Workload
 from .base import Checkout, Engine, EngineIO
 from .sglang_server import (ENVIRON_FILE, LAUNCH_SERVER_FILE, RUN_NAME, SERVER_DRIVER_SCRIPT,  # noqa: F401
                             SERVER_TIMING_METHOD, build_driver_config, build_engine_flags,
@@ -133,14 +133,21 @@ def count_profiled_steps(workload: Workload, flags: BenchFlags) -> int:
 
 
 def build_one_batch_argv(python: str, module: str, workload: Workload, *, result_file: str, run_name: str,
-                         profile_prefix: str, flags: BenchFlags) -> list[str]:
+                         profile_prefix: str, flags: BenchFlags,
+                         axes: dict[str, tuple[int, ...]] | None = None) -> list[str]:
     """The benchmark's command line, one value per argv element; optional profiling flags only
-    where `flags` says the checkout accepts them."""
+    where `flags` says the checkout accepts them. `axes` (a sweep): the lists of batch sizes,
+    input and output lengths the benchmark runs in one process (its `nargs="+"` arguments,
+    one_batch.py BenchArgs.add_cli_args); the profiled decode steps start where they fit the
+    shortest output length (the start step is one for all combinations)."""
     if workload.model_path is None:
         raise RunError("workload.model_path: the sglang engine needs a model path")
+    axes = axes or {}
+    lists = {key: [str(v) for v in axes.get(key, (getattr(workload, key),))]
+             for key in ("batch_size", "input_len", "output_len")}
     argv = [python, "-m", module, "--model-path", workload.model_path,
-            "--batch-size", str(workload.batch_size), "--input-len", str(workload.input_len),
-            "--output-len", str(workload.output_len), "--run-name", run_name,
+            "--batch-size", *lists["batch_size"], "--input-len", *lists["input_len"],
+            "--output-len", *lists["output_len"], "--run-name", run_name,
             "--result-filename", result_file, "--profile"]
     if flags.record_shapes:
         argv.append("--profile-record-shapes")
@@ -150,13 +157,45 @@ def build_one_batch_argv(python: str, module: str, workload: Workload, *, result
         argv += ["--profile-steps", str(workload.profile_steps)]
         if flags.start_step:
             argv += ["--profile-start-step",
-                     str(plan_profile_start_step(workload.output_len, workload.profile_steps))]
+                     str(min(plan_profile_start_step(int(ol), workload.profile_steps) for ol in lists["output_len"]))]
     if flags.prefix:
         argv += [flags.prefix, profile_prefix]
     argv += build_engine_flags(workload)
     if workload.tp != 1:
         argv += ["--tp-size", str(workload.tp)]
     return argv + list(workload.extra_args)
+
+
+def parse_result_records(text: str, where: str = "result JSONL") -> list[dict]:
+    """Every record of the benchmark's --result-filename, in order (a sweep appends one a combination
+    that ran, in its loop order: one_batch.py latency_test writes result_list at the end)."""
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise RunError(f"{where}: line {n} is not JSON ({e})") from None
+        if not isinstance(record, dict):
+            raise RunError(f"{where}: line {n} is not a JSON object")
+        records.append(record)
+    return records
+
+
+def match_sweep_records(records: list[dict], points: list[tuple[int, int, int]]) -> dict[int, dict]:
+    """{point index: its record} for the (batch size, input len, output len) of each point: a
+    record is matched by its own batch_size, input_len and output_len fields, never by position
+    (a combination over the model's max batch size is skipped and writes none: one_batch.py
+    latency_test_run_once returns None after `skipping (bs, il, ol) due to max batch size limit`)."""
+    by_shape = {}
+    for record in records:
+        try:
+            shape = (int(record["batch_size"]), int(record["input_len"]), int(record["output_len"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        by_shape[shape] = record  # a later record of the same shape wins, as parse_result_jsonl's last line
+    return {i: by_shape[shape] for i, shape in enumerate(points) if shape in by_shape}
 
 
 def parse_result_jsonl(text: str, where: str = "result JSONL") -> dict:
@@ -586,6 +625,50 @@ def measure_one_batch(ctx: Context) -> Measured:
     return Measured([trace], latency_s, tok_per_s, count_profiled_steps(w, flags), TIMING_METHOD, output, extra)
 
 
+def measure_one_batch_sweep(ctx: Context, sweep: SweepSpec) -> dict[int, Measured | str]:
+    """SGLang's one-batch benchmark given the sweep's lists (ONE process, the model loaded once):
+    {point index: its Measured, or why it has none}. Each point's figures are its own JSONL
+    record (matched by shape: match_sweep_records), its trace the decode trace named for its
+    batch size and lengths; a sweep needs the JSONL (the printed lines do not say which line is
+    which point's once the benchmark skips one)."""
+    module = find_bench_module(_has_file(ctx.host, ctx.dirs.worktree))
+    source = read_host_text(ctx.host, str(PurePosixPath(ctx.dirs.worktree, module_path(module))), ctx.staging)
+    flags = detect_bench_flags(source)
+    axes = dict(sweep.axes)
+    argv = build_one_batch_argv(ctx.python, module, ctx.spec.workload, result_file=ctx.dirs.result_file,
+                                run_name=RUN_NAME, profile_prefix=PROFILE_PREFIX, flags=flags, axes=axes)
+    output = run_in_worktree(ctx, argv)
+    try:
+        text = read_host_text(ctx.host, ctx.dirs.result_file, ctx.staging)
+    except RunError:
+        text = ""
+    shapes = [(p.workload.batch_size, p.workload.input_len, p.workload.output_len) for p in sweep.points]
+    records = match_sweep_records(parse_result_records(text, "the benchmark's --result-filename"), shapes)
+    names = list_profile_dir(ctx)
+    found: dict[int, Measured | str] = {}
+    for i, (point, (bs, il, ol)) in enumerate(zip(sweep.points, shapes)):
+        if i not in records:
+            skipped = f"skipping ({bs}, {il}, {ol}) due to max batch size limit" in output
+            found[i] = ("SGLang skipped it: over the model's max batch size for these lengths (its log: "
+                        f"'skipping ({bs}, {il}, {ol}) due to max batch size limit')" if skipped else
+                        "the benchmark wrote no JSONL record for it" + ("" if text.strip() else
+                                                                       " (its --result-filename is empty)"))
+            continue
+        try:
+            latency_s, tok_per_s = read_decode_figures(records[i], f"the JSONL record of point {i + 1}")
+            trace = find_decode_trace(names, PROFILE_PREFIX, bs, il, ol)
+        except RunError as e:
+            found[i] = str(e)
+            continue
+        extra = {"module": module, "argv": argv, "bench_flags": asdict(flags), "timing_source": "jsonl",
+                 "result": records[i], "sweep": {"id": sweep.sweep_id, "point": i, "points": len(sweep.points),
+                                                 "axes": {k: list(v) for k, v in sweep.axes}},
+                 "timing_note": "SGLang reports the median decode step only: p10 and p90 equal it"}
+        found[i] = Measured([trace], latency_s, tok_per_s, count_profiled_steps(point.workload, flags),
+                            TIMING_METHOD, output, extra)
+    return found
+
+
 def measure_server(ctx: Context) -> Measured:
     """SGLang's server (any TP): every rank's DECODE trace, decode steps timed from streamed tokens.
     A run whose server writes no DECODE trace ends with CommandFailed saying why (the driver
@@ -738,9 +821,80 @@ def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context],
         host.rmtree(dirs.base)
 
 
+def run_sglang_sweep(sweep: SweepSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path,
+                     on_line: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None,
+                     on_progress: Callable[[int, int], None] | None = None,
+                     on_scratch: Callable[[str, str | None], None] | None = None) -> tuple[Path, dict[int, str]]:
+    """Run every point of an in-process sweep (TP 1) at commit `sha` in ONE process of SGLang's
+    one-batch benchmark (measure_one_batch_sweep); return (a local directory with one bundle a
+    point that has a result, `point-NNN`, {point index: why it has none}). One worktree, one set
+    of patches, one versions probe for all points; each point's bundle is as run_sglang's."""
+    first = sweep.points[0]
+    if not sweep.in_one_process:
+        raise RunError(f"sweep {sweep.sweep_id}: only the one-batch benchmark (TP 1) runs a sweep in one process")
+    repo_path, patch_files = _check_runnable(first, config, sha, server=False)
+    python = config.host(first.host).python
+    planned = len(STAGES)
+    progress = (lambda stage: on_progress(STAGES.index(stage) + 1, planned)) if on_progress else (lambda stage: None)
+    work_dir_local = Path(work_dir_local)
+    work_dir_local.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-sweep-{sha[:12]}-{first.variant}-"))
+    dirs = HostDirs.under(host.mkdtemp("stepwatch-sglang-"))
+    if on_scratch:
+        on_scratch(dirs.base, repo_path)
+    try:
+        problem = _probe(host, [python, "-c", MODEL_DIR_SCRIPT, *plan_model_dir_check(first.workload, False)],
+                         "model directory probe").get("problem")
+        if problem:
+            raise RunError(explain_model_dir_problem(str(problem)))
+        host.run(["mkdir", "-p", "--", dirs.profile, dirs.patches], timeout_s=_SHORT_S)
+        add_worktree(host, repo_path, sha, dirs.worktree)
+        progress("worktree")
+        applied = apply_patches(host, dirs, patch_files, f"{first.repo}@{sha[:12]}")
+        progress("patches")
+        found = measure_one_batch_sweep(Context(host, python, dirs, first, staging, on_line, should_stop), sweep)
+        progress("benchmark")
+        env = {"PYTHONPATH": str(PurePosixPath(dirs.worktree, "python"))}
+        versions = _probe(host, [python, "-c", VERSIONS_SCRIPT, dirs.worktree], "versions probe",
+                          cwd=dirs.worktree, env=env)
+        layers = _probe(host, [python, "-c", LAYERS_SCRIPT, first.workload.model_path],
+                        "model config probe").get("layers")
+        progress("versions")
+        missing = {}
+        for i, measured in found.items():
+            if isinstance(measured, str):
+                missing[i] = measured
+                continue
+            point_dir = staging / f"point-{i:03d}"
+            point_dir.mkdir()
+            for name in measured.traces:
+                host.get(str(PurePosixPath(dirs.profile, name)), point_dir)
+            (point_dir / "benchmark.log").write_text(measured.output)
+            write_bundle(point_dir, build_manifest(sweep.points[i], sha=sha, measured=measured, versions=versions,
+                                                   layers=layers if isinstance(layers, int) and layers > 0 else None,
+                                                   patches=applied))
+        progress("trace")
+        directory = staging.with_name(staging.name.lstrip("."))
+        staging.rename(directory)
+        progress("bundle")
+        return directory, missing
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        remove_worktree(host, repo_path, dirs.worktree)
+        host.rmtree(dirs.base)
+
+
+def _run_sweep_engine(sweep: SweepSpec, config: Config, host: Host, checkout: Checkout, work_dir: Path,
+                      io: EngineIO) -> tuple[Path, dict[int, str]]:
+    return run_sglang_sweep(sweep, config, host, sha=checkout.sha, work_dir_local=work_dir, on_line=io.on_line,
+                            should_stop=io.should_stop, on_progress=io.on_progress, on_scratch=io.on_scratch)
+
+
 def _run_engine(spec: RunSpec, config: Config, host: Host, checkout: Checkout, work_dir: Path, io: EngineIO) -> Path:
     return run_sglang(spec, config, host, sha=checkout.sha, work_dir_local=work_dir, on_line=io.on_line,
                       should_stop=io.should_stop, on_progress=io.on_progress, on_scratch=io.on_scratch)
 
 
-ENGINE = Engine("sglang", check_sglang, _run_engine)
+ENGINE = Engine("sglang", check_sglang, _run_engine, _run_sweep_engine)
