@@ -46,6 +46,11 @@ from ..traces.categories import COPY_CATEGORIES
 
 PRIMARY = ("tok_per_s", "step_ms")
 KERNEL_MIN_SHARE = 0.01
+# A candidate with no run-to-run spread to judge it ("not enough data") is kept as suspected from this
+# change up, not from the 1 % floor: the floor study (ingest/regress/BENCHMARKS.md "The floor") measured
+# the floor against a spread, which such a candidate lacks, and two runs of one commit may differ by more
+# than 1 % (the demo's H200 repeats: 7.21 and 7.88 ms). 3 % is the floor every suspected change had before.
+SUSPECT_MIN_REL_CHANGE = 0.03
 
 
 def is_bisectable(metric: str, status: str = "confirmed") -> bool:
@@ -268,8 +273,9 @@ def judge_changes(metric: str, higher: bool, points: list[Point], run_values: li
     A kernel's calls per step is a count: exact (judge_counts). A kernel that appears or vanishes
     (its calls per step from or to 0) is kept whatever the noise: "added" / "removed". A candidate
     with no spread to judge it against ("not enough data": single runs, a short history) is kept
-    as *suspected* (its noise verdict says so; pages, `ingest check` and bisect tell it apart);
-    one within noise or too noisy to judge is dropped. `min_rel_change`: the floor of every
+    as *suspected* when it is at least SUSPECT_MIN_REL_CHANGE (its noise verdict says so; pages,
+    `ingest check` and bisect tell it apart); one within noise, below the floor or too noisy to
+    judge is dropped. `min_rel_change`: the floor of every
     measured (not counted) metric, the detector's and the judge's (ingest/studies/ab_study.py
     measures it at other values)."""
     count = metric.startswith("kernel:calls_per_step:")
@@ -293,7 +299,8 @@ def judge_changes(metric: str, higher: bool, points: list[Point], run_values: li
             verdict = judge_counts(before, after, higher_is_better=higher)
         else:
             verdict = judge(before, after, spread, higher_is_better=higher, min_rel_change=min_rel_change)
-        if verdict.changed or verdict.verdict == NOT_ENOUGH:  # the latter kept as "suspected"
+        suspected = verdict.verdict == NOT_ENOUGH and not abs(ch.rel_change) < SUSPECT_MIN_REL_CHANGE
+        if verdict.changed or suspected:  # the latter kept as "suspected"
             kept.append((ch, verdict))
     return kept
 

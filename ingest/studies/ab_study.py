@@ -57,7 +57,7 @@ from db.series import list_series_runs
 from db.store import open_db
 from ingest.regress.detect import Point, detect_changes
 from ingest.regress.noise import estimate_spread, judge, run_value, step_floor
-from ingest.runs.track import judge_changes, list_tracked_series
+from ingest.runs.track import _commit_points, _metric_points, judge_changes, list_tracked_series, load_series
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "ingest" / "studies" / "benchmark_data" / "ab-h200-2026-12-02"
@@ -266,8 +266,6 @@ def study_full_histories(db: Path, repos: tuple[str, ...]) -> str:
     """Each A/A study's whole history (every metric of its series: step ms, tok/s, copy share,
     categories, kernels' ms and calls per step, as `ingest check` judges them) at each floor: the
     confirmed changes there are false alarms; counts are judged exactly at every floor."""
-    from ingest.runs.track import _commit_points, _metric_points, load_series
-
     lines = []
     with open_db(db, read_only=True) as store:
         loaded = {repo: load_series(store, s) for repo in repos for s in list_tracked_series(store, repo)}
