@@ -4,6 +4,7 @@ process, through stepwatch's verdicts, asv's step detection and a conbench-style
     .venv/bin/python -m ingest.studies.ab_study collect --work /tmp/ab_study [--repeats 1,3] [--changes ...]
     PYTHONPATH=/tmp/asvenv/lib/python3.11/site-packages \\
         .venv/bin/python -m ingest.studies.ab_study analyse --work /tmp/ab_study [--histories 200]
+    .venv/bin/python -m ingest.studies.ab_study floors --work /tmp/ab_study [--histories 200]
 
 The runs: the bank of ingest/studies/ab_bank.py (ingest/studies/benchmark_data/ab-h200-2026-12-02:
 `kernels.bench --preset glm5 --kv KV --cuda-graph --steps 2 --layers L`, 42 processes on the lent
@@ -34,7 +35,10 @@ holds those steps (the detector's candidates), as ingest.runs.track builds them.
 ms metric -- the function `ingest check` runs a series' metric through -- and through asv and the
 lookback z; beside them a what-if (judge_stepwatch_floor: the same steps with a 1 % floor in place
 of detect.MIN_REL_CHANGE, not what stepwatch does) and, with --aa-db, A/A control histories of the
-same shapes from the H200 A/A study's 25 runs. They are resampled from 42 real runs, not that many
+same shapes from the H200 A/A study's 25 runs. floors: the same histories (and A/A controls: the
+H200's, the 2-core machine's aa-idle / aa-loaded, and H200 histories across two sessions) judged by
+judge_changes at each of FLOORS (0.5, 1, 2, 3 %), and each A/A study's whole history with every metric
+of its series; the table of ingest/regress/BENCHMARKS.md "The floor". They are resampled from 42 real runs, not that many
 independent histories: they show
 how the verdicts behave on the runs this H200 really produced, not the H200's variation over days.
 """
