@@ -215,7 +215,7 @@ def classify_kernel_diff(diff: pd.DataFrame, spread: float | None) -> pd.DataFra
     added and removed as they are; a kernel whose calls per step changed is `changed` (a count,
     exact); with the workload's run-to-run `spread` unknown, "not enough data" (the noise model's
     rule: steps within a run are no evidence of a change between runs); otherwise compare_means'
-    verdict on its ms per step (Welch's test on the profiled steps, at least 3 %, beyond the
+    verdict on its ms per step (Welch's test on the profiled steps, at least MIN_REL_CHANGE (1 %), beyond the
     run-to-run `spread`: the step time's, a kernel's own series is not read here). Adds `p` and the 95 %
     interval of the relative change (`ci_low`, `ci_high`)."""
     kinds, ps, lows, highs = [], [], [], []

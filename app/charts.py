@@ -274,7 +274,7 @@ def change_rows(diff: pd.DataFrame, spread: float | None = None) -> pd.DataFrame
     """get_category_diff's frame as the rows of a change chart: the whole step's change first
     ("step", B - A), then each category's, largest change first; `label` is the signed ms.
     Each category present in both runs with step-to-step spreads on both sides gets the verdict
-    the kernels get (compare_means: Welch's test on the profiled steps, at least 3 %, beyond the
+    the kernels get (compare_means: Welch's test on the profiled steps, at least MIN_REL_CHANGE (1 %), beyond the
     workload's run-to-run `spread`): `low`/`high`, its 95 % interval in ms, and `noise`, whether
     it is within noise (the label says so); with the spread unknown (None) no category can be
     called changed, as the noise model rules (ingest.regress.noise): drawn pale like noise, its

@@ -44,6 +44,7 @@ def show_run_kpis(run: dict, baseline: dict | None = None, verdict: str | None =
     # which the Run page does not need
     flag = {"within noise": " · within noise", "not enough data": " · not enough data",
             "repeat, within noise": " · repeat, within noise", "too noisy": " · too noisy to judge",
+            "below the floor": " · below the floor",
             "changed": "", "regression": "", "improvement": ""}.get(verdict or "", "")
     tiles = st.columns(4)
     tiles[0].metric("Decode tok/s", format_number(run["tok_per_s"]), border=True,

@@ -65,21 +65,23 @@ def get_trend(store: Store, repo: str, engine: str, device: str, workload_id: st
     """Every run of one series with its commit's facts, in commit order (first-parent `seq`,
     then commit date), of the last `last_commits` commits measured (all when None). The tok/s
     band is the untimed step spread: tok/s at the p90 and the p10 step time."""
+    # the series' commits are ranked once each (a window over its distinct commits, not over its runs
+    # with a count(DISTINCT) beside it: 27 -> 14 ms at 10,000 runs a series, app/BENCHMARKS.md)
     return store.con.execute(
-        "SELECT * EXCLUDE (last_order) FROM ("
+        "WITH sr AS (SELECT r.* FROM runs r LEFT JOIN repos p ON p.repo_id = r.repo_id"
+        f"  WHERE r.commit_id IS NOT NULL AND {in_series_sql('r', 'p')}),"
+        " ranked AS (SELECT c.*, row_number() OVER (ORDER BY c.seq NULLS LAST, c.committed_at NULLS LAST, c.sha)"
+        "  AS commit_order FROM commits c WHERE c.commit_id IN (SELECT commit_id FROM sr)),"
+        " shown AS (SELECT * FROM ranked WHERE ? IS NULL OR commit_order > (SELECT count(*) FROM ranked) - ?)"
         " SELECT r.run_id, coalesce(r.variant, '') AS variant, c.sha, left(c.sha, 7) AS short_sha,"
         "  coalesce(c.subject, '') AS subject, coalesce(c.author, '') AS author, c.committed_at, c.seq,"
-        "  dense_rank() OVER (ORDER BY c.seq NULLS LAST, c.committed_at NULLS LAST, c.sha) AS commit_order,"
-        "  r.tok_per_s,"
+        "  c.commit_order, r.tok_per_s,"
         "  r.tok_per_s * r.timing_ms_median / r.timing_ms_p90 AS tok_per_s_low,"
         "  r.tok_per_s * r.timing_ms_median / r.timing_ms_p10 AS tok_per_s_high,"
         f"  {STEP_MS} AS step_ms, r.timing_ms_p10 AS step_ms_p10, r.timing_ms_p90 AS step_ms_p90,"
-        "  r.copy_share, r.gpu_busy_share, r.imported_at,"
-        "  count(DISTINCT c.commit_id) OVER () AS last_order"
-        " FROM runs r JOIN commits c ON c.commit_id = r.commit_id LEFT JOIN repos p ON p.repo_id = r.repo_id"
-        f" WHERE {in_series_sql('r', 'p')})"
-        " WHERE ? IS NULL OR commit_order > last_order - ?"
-        " ORDER BY commit_order, variant, run_id",
+        "  r.copy_share, r.gpu_busy_share, r.imported_at"
+        " FROM sr r JOIN shown c ON c.commit_id = r.commit_id"
+        " ORDER BY c.commit_order, variant, run_id",
         [repo, engine, device, workload_id, last_commits, last_commits],
     ).df()
 
@@ -182,7 +184,10 @@ def list_recent_runs(store: Store, limit: int = 500) -> pd.DataFrame:
         "SELECT r.run_id, coalesce(left(c.sha, 7), '') AS short_sha, coalesce(r.variant, '') AS variant,"
         " coalesce(r.engine, '') AS engine, coalesce(r.device_name, '') AS device, r.workload_key,"
         f" r.tok_per_s, {STEP_MS} AS step_ms"
-        " FROM runs r LEFT JOIN commits c ON c.commit_id = r.commit_id ORDER BY r.run_id DESC LIMIT ?",
+        # the newest runs first, then their commits (not every run joined, then cut)
+        " FROM (SELECT run_id, commit_id, variant, engine, device_name, workload_key, tok_per_s, timing_ms_median,"
+        "  step_ms_median FROM runs ORDER BY run_id DESC LIMIT ?) r"
+        " LEFT JOIN commits c ON c.commit_id = r.commit_id ORDER BY r.run_id DESC",
         [limit],
     ).df()
 

@@ -117,7 +117,7 @@ def test_no_change_in_the_stepwatch_samples_says_what_was_checked(tmp_path, open
     assert at.info[0].value == ("No confirmed change: 1 workload measured at two or more commits (up to 4), 3 "
                                 "variants: each variant's series was checked after each run, and none moved beyond "
                                 "its noise (a rank test at p < 0.01 on the per-step samples and a change of at least "
-                                "3 %).")
+                                "1 %).")
 
 
 

@@ -22,6 +22,11 @@ pytestmark = pytest.mark.slow  # AppTest pages over the loaded samples
 
 REPO = "glm5-serving-demo"
 
+# the demo series' run-to-run spread (6 repeated runs) is above the 1 % floor (ingest.regress.detect.MIN_REL_CHANGE)
+NOISY_DEMO = ("Runs of the same commit differ by 2.8 % here (6 repeated runs): more than the 1 % change Regressions "
+              "looks for, so small changes of this workload cannot be told from noise. Pin clocks, idle the machine, "
+              "or repeat runs.")
+
 
 @pytest.fixture(scope="module")
 def samples_db(tmp_path_factory):
@@ -50,9 +55,8 @@ def test_the_landing_opens_on_the_series_with_the_regression_and_marks_it(sample
         marks = views.list_series_changes(store, *(series[k] for k in ("repo", "engine", "device", "workload_id")))
     assert sorted((m.first_bad_short_sha, m.direction) for m in marks.itertuples() if m.metric == "tok_per_s") == [
         ("bd182fd", "improvement"), ("d445ae3", "regression")]
-    # the run-to-run spread of the workload, from the six commits measured twice
-    assert "Run-to-run spread: runs of the same commit differ by 2.8 % (6 repeated runs)." in [
-        c.value for c in at.caption]
+    # the run-to-run spread of the workload, from the six commits measured twice: above the 1 % floor
+    assert [w.value for w in at.warning] == [NOISY_DEMO]
 
 
 def test_the_axis_is_the_commit_order_labelled_by_short_sha_and_zooms(samples_db, open_page):
@@ -131,7 +135,8 @@ def test_an_axis_mode_or_breakdown_that_does_not_exist_is_a_notice(samples_db, o
     assert not at.exception
     assert [w.value for w in at.warning] == [
         "`?scale=sqrt` matches no axes here: showing linear axes instead.",
-        "`?also=kernel:no_such_kernel` matches no also plot here: showing also plot: a category or a kernel instead."]
+        "`?also=kernel:no_such_kernel` matches no also plot here: showing also plot: a category or a kernel instead.",
+        NOISY_DEMO]
     assert (at.query_params["scale"], at.query_params["also"]) == ("linear", "")
     assert len(_spec(at)["vconcat"]) == 3
 

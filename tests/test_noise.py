@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from ingest.regress.noise import (EXACT, HISTORY, IMPROVEMENT, NONE, NOT_ENOUGH, REGRESSION, REPEAT, REPEATS,
-                                  TOO_NOISY, WITHIN_NOISE, Spread, estimate_spread, judge, judge_counts, run_value,
-                                  runs_needed_for, runs_needed_for_spread, step_floor)
+from ingest.regress.detect import MIN_REL_CHANGE
+from ingest.regress.noise import (BELOW_FLOOR, EXACT, HISTORY, IMPROVEMENT, NONE, NOT_ENOUGH, REGRESSION, REPEAT,
+                                  REPEATS, TOO_NOISY, WITHIN_NOISE, Spread, estimate_spread, format_floor, judge,
+                                  judge_counts, name_verdict, run_value, runs_needed_for, runs_needed_for_spread,
+                                  step_floor)
 
 
 def _runs(rng, level, n, sigma):
@@ -55,6 +57,27 @@ def test_repeats_that_agree_judge_a_small_real_change_and_call_noise_within_nois
     assert judge(a, b, spread).verdict == REGRESSION
     same = _runs(rng, 10, 4, 0.005)
     assert judge(a, same, estimate_spread([a, same])).verdict == WITHIN_NOISE
+
+
+def test_a_change_beyond_the_noise_but_under_the_floor_says_below_the_floor_not_within_noise():
+    rng = np.random.default_rng(11)
+    a = _runs(rng, 10, 4, 0.0005)  # runs agree to 0.05 %: half the floor is ~20 standard errors
+    b = [x * (1 + MIN_REL_CHANGE / 2) for x in _runs(rng, 10, 4, 0.0005)]
+    spread = estimate_spread([a, b])
+    v = judge(a, b, spread)
+    assert v.verdict == BELOW_FLOOR and not v.changed and v.z > v.threshold
+    assert abs(v.rel - MIN_REL_CHANGE / 2) < 0.1 * MIN_REL_CHANGE and v.ci_low > 0  # real: its interval excludes 0
+    text = v.describe()
+    assert text.startswith(f"Below the {format_floor()} floor: step time +") and "within noise" not in text.lower()
+    assert name_verdict(v.verdict) == f"below the {format_floor()} floor"  # Regressions' word for it
+    assert name_verdict(TOO_NOISY) == "too noisy" and name_verdict(WITHIN_NOISE) == "within noise"
+    # twice the floor, the same noise: a regression; the same difference under noise 100x larger: within noise
+    c = [x * (1 + 2 * MIN_REL_CHANGE) for x in a]
+    assert judge(a, c, estimate_spread([a, c])).verdict == REGRESSION
+    noisy = Spread(0.05, REPEATS, 20.0)
+    assert judge(a, b, noisy).verdict in (WITHIN_NOISE, TOO_NOISY)
+    # a repeat stays a repeat, whatever its difference
+    assert judge(a, b, spread, same_commit=True).verdict == REPEAT
 
 
 def test_a_noisy_series_says_too_noisy_and_how_many_runs_would_help():

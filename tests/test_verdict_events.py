@@ -89,6 +89,14 @@ def test_a_count_that_changes_between_two_single_runs_is_exact():
     change, verdict = found
     assert (change.last_good, change.first_bad, verdict.spread.source) == (0, 1, "exact")
     assert _direction(key, change, verdict) == "added"
-    # 78 -> 79 calls is 1.3 %: below the minimum effect; runs of one commit that disagree: the detector decides
-    flat = [[78.0], [78.0], [79.0]]
-    assert judge_changes(key, False, [Point(f"c{i}", tuple(v)) for i, v in enumerate(flat)], flat) == []
+    # 78 -> 79 calls a step (+1.3 %) is exact too: a count has no noise, so no relative floor applies
+    # (80 layers instead of 78 launch each per-layer kernel 80 times: +2.6 %, under the speed floor)
+    for before, after in ((78.0, 79.0), (78.0, 80.0)):
+        flat = [[before], [before], [after]]
+        (found,) = judge_changes(key, False, [Point(f"c{i}", tuple(v)) for i, v in enumerate(flat)], flat)
+        change, verdict = found
+        assert (change.first_bad, change.before_median, change.after_median) == (2, before, after)
+        assert (verdict.verdict, verdict.spread.source) == ("regression", "exact")
+    # a commit whose runs disagree on the count: not exact, the detector decides (with its floor)
+    mixed = [[78.0, 79.0], [78.0, 78.0], [79.0, 79.0]]
+    assert judge_changes(key, False, [Point(f"c{i}", tuple(v)) for i, v in enumerate(mixed)], mixed) == []

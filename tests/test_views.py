@@ -246,6 +246,14 @@ def test_changes_hold_what_the_regressions_page_shows(store, dashboard_db):
     assert len(at_bad) == 4 and views.list_changes_at_commit_of_run(store, int(tok.last_good_run_id)).empty
 
 
+def test_each_runs_kernel_rows_are_its_rows_of_every_rank(store):
+    ids = views.list_recent_runs(store)["run_id"].tolist()
+    every = {r: sum(len(store.list_kernels(r, rank)) for rank in store.list_ranks(r)) for r in ids}
+    assert len(ids) >= 10 and sum(every.values()) > 0
+    assert {r: store.get_run(r)["kernel_rows"] for r in ids} == every
+    assert {r: run["kernel_rows"] for r, run in store.list_runs([*ids, 999_999]).items()} == every
+
+
 def test_a_runs_diagnosis_is_part_of_its_overview(store, dashboard_db):
     run = store.get_run(find_run_id(dashboard_db, "3cf1671-glm5-full-pool-cast-eager"))
     assert [f["kind"] for f in run["diagnosis"]][:3] == ["summary", "per_layer", "bandwidth"]

@@ -23,7 +23,7 @@ from app.markdown_text import Markdown, format_markdown, format_markdown_list
 from app.widgets import select_in_url
 from db import views
 from ingest.regress.detect import ALPHA, MIN_REL_CHANGE
-from ingest.regress.noise import TOO_NOISY
+from ingest.regress.noise import name_verdict
 
 st.title("Regressions")
 st.caption("Change points along a series' commits, one card each with every metric and kernel that moved there. "
@@ -49,7 +49,7 @@ def describe_confirmation(change) -> str:
     if state == "failed":
         return f"Suspected: its {_reruns(change.confirm_reruns, change.confirm_host)} gave no verdict (failed jobs)."
     if state == "dismissed":
-        what = "too noisy" if change.confirm_verdict == TOO_NOISY else "within noise"
+        what = name_verdict(change.confirm_verdict)
         return (f"Its speed change was not confirmed by re-runs: {what} "
                 f"({_reruns(change.confirm_reruns, change.confirm_host)}).")
     if change.status == "confirmed":
@@ -65,7 +65,7 @@ def _show_dismissed() -> None:
         return
     st.subheader("Not confirmed by re-runs")
     for d in dismissed.itertuples():
-        what = "too noisy" if d.verdict == TOO_NOISY else "within noise"
+        what = name_verdict(d.verdict)
         st.caption(format_markdown("{} {} · {:code} -> {:code} {} · not confirmed by re-runs: {} ({})", d.repo,
                                    d.variant or "—", d.last_good_sha[:7], d.first_bad_sha[:7], d.first_bad_subject,
                                    what, _reruns(d.reruns, d.host)))

@@ -36,6 +36,9 @@ the level whose variance dominates is the run, and that is where evidence is cou
                  "too noisy": not changed, and the smallest change this test could see
                  (exp(k * se) - 1, `min_detectable`) is above TOO_NOISY_REL: the page says
                  "too noisy to judge changes under X %" and how many runs a commit would help;
+                 "below the floor": beyond the noise (|d| >= k * se) but smaller than
+                 MIN_REL_CHANGE: real, most likely, and too small to be called a change (the
+                 sentence names the floor: "below the 1 % floor"), never "within noise";
                  "within noise": not changed, and a change of TOO_NOISY_REL would have shown;
                  "not enough data": no spread estimate, or a side with no run.
 
@@ -63,6 +66,7 @@ _Z95 = 1.959964
 
 REGRESSION, IMPROVEMENT = "regression", "improvement"
 WITHIN_NOISE, REPEAT, TOO_NOISY, NOT_ENOUGH = "within noise", "repeat, within noise", "too noisy", "not enough data"
+BELOW_FLOOR = "below the floor"
 REPEATS, HISTORY, EXACT, NONE = "repeats", "history", "exact", "none"
 
 
@@ -92,7 +96,7 @@ class Spread:
 
 @dataclass(frozen=True)
 class Verdict:
-    verdict: str  # REGRESSION, IMPROVEMENT, WITHIN_NOISE, REPEAT, TOO_NOISY or NOT_ENOUGH
+    verdict: str  # REGRESSION, IMPROVEMENT, BELOW_FLOOR, WITHIN_NOISE, REPEAT, TOO_NOISY or NOT_ENOUGH
     rel: float | None  # exp(level B - level A) - 1: B's value against A's
     ci_low: float | None
     ci_high: float | None
@@ -105,6 +109,7 @@ class Verdict:
     runs_needed: int | None  # runs per commit that would give a spread, or bring min_detectable under TOO_NOISY_REL
     z: float | None = None  # |d| / se
     threshold: float | None = None  # k
+    floor_rel: float = MIN_REL_CHANGE  # the smallest relative change called a change (the judge's min_rel_change)
 
     @property
     def changed(self) -> bool:
@@ -128,9 +133,29 @@ class Verdict:
             help_ = f"; {self.runs_needed} runs a commit would do" if self.runs_needed else ""
             return (f"Too noisy to judge changes under {100 * self.min_detectable:.0f} %: {change}, {runs}; {spread}"
                     f"{help_} (or a quieter host).")
+        if self.verdict == BELOW_FLOOR:
+            floor = format_floor(self.floor_rel)
+            return (f"Below the {floor} floor: {change}, {runs}; {spread}; beyond the run-to-run noise "
+                    f"({self.z:.1f} standard errors, {self.threshold:.1f} needed) but smaller than the {floor} "
+                    "that stepwatch calls a change.")
         head = {REGRESSION: "Regression", IMPROVEMENT: "Improvement", WITHIN_NOISE: "Within noise"}[self.verdict]
         return (f"{head}: {change}, {runs}; {spread}; a change must clear {100 * self.min_detectable:.1f} % here "
                 f"({self.threshold:.1f} standard errors).")
+
+
+def format_floor(floor_rel: float = MIN_REL_CHANGE) -> str:
+    """The floor as the pages say it: 0.01 -> '1 %', 0.005 -> '0.5 %'."""
+    return f"{100 * floor_rel:g} %"
+
+
+def name_verdict(verdict: str | None, floor_rel: float = MIN_REL_CHANGE) -> str:
+    """A verdict that is not a change, in the words of a card or a line: "too noisy", "below the
+    1 % floor", "within noise" (a stored verdict string, e.g. a dismissed confirmation's)."""
+    if verdict == TOO_NOISY:
+        return "too noisy"
+    if verdict == BELOW_FLOOR:
+        return f"below the {format_floor(floor_rel)} floor"
+    return verdict if verdict in (REPEAT, NOT_ENOUGH, REGRESSION, IMPROVEMENT) else WITHIN_NOISE
 
 
 def run_value(timed_ms: Sequence[float] | None, profiled_ms: Sequence[float] | None) -> float | None:
@@ -241,11 +266,13 @@ def judge(a: Sequence[float], b: Sequence[float], spread: Spread, *, higher_is_b
         verdict = REPEAT
     elif changed:
         verdict = (IMPROVEMENT if (d > 0) == higher_is_better else REGRESSION)
+    elif z >= k and d != 0:  # beyond the noise, under the floor
+        verdict = BELOW_FLOOR
     elif mdc > TOO_NOISY_REL:
         verdict = TOO_NOISY
     else:
         verdict = WITHIN_NOISE
-    return Verdict(verdict, rel, low, high, n_a, n_b, va, vb, spread, mdc, needed, z, k)
+    return Verdict(verdict, rel, low, high, n_a, n_b, va, vb, spread, mdc, needed, z, k, min_rel_change)
 
 
 def judge_counts(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = False) -> Verdict:

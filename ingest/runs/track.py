@@ -46,6 +46,11 @@ from ..traces.categories import COPY_CATEGORIES
 
 PRIMARY = ("tok_per_s", "step_ms")
 KERNEL_MIN_SHARE = 0.01
+# A candidate with no run-to-run spread to judge it ("not enough data") is kept as suspected from this
+# change up, not from the 1 % floor: the floor study (ingest/regress/BENCHMARKS.md "The floor") measured
+# the floor against a spread, which such a candidate lacks, and two runs of one commit may differ by more
+# than 1 % (the demo's H200 repeats: 7.21 and 7.88 ms). 3 % is the floor every suspected change had before.
+SUSPECT_MIN_REL_CHANGE = 0.03
 
 
 def is_bisectable(metric: str, status: str = "confirmed") -> bool:
@@ -260,7 +265,7 @@ def apply_confirmations(rows: list[dict], data: SeriesData, judged: list[dict]) 
 
 
 def judge_changes(metric: str, higher: bool, points: list[Point], run_values: list[list[float]],
-                  exact_counts: bool = True):
+                  exact_counts: bool = True, min_rel_change: float = MIN_REL_CHANGE):
     """The detector's candidate changes of one metric that the noise model (ingest.regress.noise)
     confirms, with its verdict: the runs of the segment before against those after (each run one
     sample, the commits of a segment pooled), the spread from the metric's own repeats, else its
@@ -268,12 +273,15 @@ def judge_changes(metric: str, higher: bool, points: list[Point], run_values: li
     A kernel's calls per step is a count: exact (judge_counts). A kernel that appears or vanishes
     (its calls per step from or to 0) is kept whatever the noise: "added" / "removed". A candidate
     with no spread to judge it against ("not enough data": single runs, a short history) is kept
-    as *suspected* (its noise verdict says so; pages, `ingest check` and bisect tell it apart);
-    one within noise or too noisy to judge is dropped."""
+    as *suspected* when it is at least SUSPECT_MIN_REL_CHANGE (its noise verdict says so; pages,
+    `ingest check` and bisect tell it apart); one within noise, below the floor or too noisy to
+    judge is dropped. `min_rel_change`: the floor of every
+    measured (not counted) metric, the detector's and the judge's (ingest/studies/ab_study.py
+    measures it at other values)."""
     count = metric.startswith("kernel:calls_per_step:")
     # (a series with no workload recorded may lump different work together: its counts go to the detector)
     found = (count and exact_counts and find_count_changes(points, run_values, higher)) or detect_changes(
-        points, higher_is_better=higher)
+        points, higher_is_better=higher, min_rel_change=min_rel_change)
     if not found:
         return []
     # the floor: a run's own steps (a kernel's points hold one value a run, no steps)
@@ -290,23 +298,24 @@ def judge_changes(metric: str, higher: bool, points: list[Point], run_values: li
         elif count:
             verdict = judge_counts(before, after, higher_is_better=higher)
         else:
-            verdict = judge(before, after, spread, higher_is_better=higher)
-        if verdict.changed or verdict.verdict == NOT_ENOUGH:  # the latter kept as "suspected"
+            verdict = judge(before, after, spread, higher_is_better=higher, min_rel_change=min_rel_change)
+        suspected = verdict.verdict == NOT_ENOUGH and not abs(ch.rel_change) < SUSPECT_MIN_REL_CHANGE
+        if verdict.changed or suspected:  # the latter kept as "suspected"
             kept.append((ch, verdict))
     return kept
 
 
 def find_count_changes(points: list[Point], run_values: list[list[float]], higher: bool) -> list[Change] | None:
-    """A count's change points (a kernel's calls per step), exactly: where consecutive measured
-    commits' values differ by at least MIN_REL_CHANGE (or from or to 0), each commit's runs
-    agreeing. None when some commit's runs disagree (then the detector decides). A rank test
-    cannot rank one value a side; a count needs none: one run at each end suffices."""
+    """A count's change points (a kernel's calls per step), exactly: wherever consecutive measured
+    commits' values differ (78 -> 79 calls is a change: a count has no noise, so no relative floor
+    applies), each commit's runs agreeing. None when some commit's runs disagree (then the detector
+    decides, with its floor). A rank test cannot rank one value a side; a count needs none: one run
+    at each end suffices."""
     measured = [(i, v) for i, v in enumerate(run_values) if v]
     if any(max(v) != min(v) for _, v in measured):
         return None
     levels = [(i, v[0]) for i, v in measured]
-    cuts = [k for k in range(1, len(levels)) if levels[k][1] != levels[k - 1][1] and (
-        levels[k - 1][1] == 0 or levels[k][1] == 0 or abs(levels[k][1] / levels[k - 1][1] - 1) >= MIN_REL_CHANGE)]
+    cuts = [k for k in range(1, len(levels)) if levels[k][1] != levels[k - 1][1]]
     bounds = [0, *cuts, len(levels)]
     changes = []
     for j, k in enumerate(cuts):

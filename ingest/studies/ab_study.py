@@ -4,6 +4,7 @@ process, through stepwatch's verdicts, asv's step detection and a conbench-style
     .venv/bin/python -m ingest.studies.ab_study collect --work /tmp/ab_study [--repeats 1,3] [--changes ...]
     PYTHONPATH=/tmp/asvenv/lib/python3.11/site-packages \\
         .venv/bin/python -m ingest.studies.ab_study analyse --work /tmp/ab_study [--histories 200]
+    .venv/bin/python -m ingest.studies.ab_study floors --work /tmp/ab_study [--histories 200]
 
 The runs: the bank of ingest/studies/ab_bank.py (ingest/studies/benchmark_data/ab-h200-2026-12-02:
 `kernels.bench --preset glm5 --kv KV --cuda-graph --steps 2 --layers L`, 42 processes on the lent
@@ -34,7 +35,10 @@ holds those steps (the detector's candidates), as ingest.runs.track builds them.
 ms metric -- the function `ingest check` runs a series' metric through -- and through asv and the
 lookback z; beside them a what-if (judge_stepwatch_floor: the same steps with a 1 % floor in place
 of detect.MIN_REL_CHANGE, not what stepwatch does) and, with --aa-db, A/A control histories of the
-same shapes from the H200 A/A study's 25 runs. They are resampled from 42 real runs, not that many
+same shapes from the H200 A/A study's 25 runs. floors: the same histories (and A/A controls: the
+H200's, the 2-core machine's aa-idle / aa-loaded, and H200 histories across two sessions) judged by
+judge_changes at each of FLOORS (0.5, 1, 2, 3 %), and each A/A study's whole history with every metric
+of its series; the table of ingest/regress/BENCHMARKS.md "The floor". They are resampled from 42 real runs, not that many
 independent histories: they show
 how the verdicts behave on the runs this H200 really produced, not the H200's variation over days.
 """
@@ -57,7 +61,7 @@ from db.series import list_series_runs
 from db.store import open_db
 from ingest.regress.detect import Point, detect_changes
 from ingest.regress.noise import estimate_spread, judge, run_value, step_floor
-from ingest.runs.track import judge_changes, list_tracked_series
+from ingest.runs.track import _commit_points, _metric_points, judge_changes, list_tracked_series, load_series
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "ingest" / "studies" / "benchmark_data" / "ab-h200-2026-12-02"
@@ -96,13 +100,14 @@ def load_bank(bundles: Path) -> dict[str, list[BankRun]]:
     return out
 
 
-def load_aa_runs(db: Path) -> list[BankRun]:
-    """The H200 A/A study's 25 runs (ingest/regress/BENCHMARKS.md: the same workload as base, main's
-    kernels/, one process each, 2026-12-02 00:47-00:52 UTC) from its database: the control."""
+def load_aa_runs(db: Path, repo: str = "aa-h200") -> list[BankRun]:
+    """An A/A study's runs of `repo` from its database (ingest/regress/BENCHMARKS.md): the H200's 25
+    (the same workload as base, main's kernels/, one process each, 2026-12-02 00:47-00:52 UTC), or
+    the 2-core machine's 20 of aa-idle / aa-loaded (the reference tiny preset on CPU): the controls."""
     with open_db(db, read_only=True) as store:
-        (series,) = list_tracked_series(store, "aa-h200")
+        (series,) = list_tracked_series(store, repo)
         frame = list_series_runs(store, series)
-    return [BankRun(f"aa-run-{r}", "aa", tuple(map(float, steps)), run_value(steps, None))
+    return [BankRun(f"{repo}-run-{r}", "aa", tuple(map(float, steps)), run_value(steps, None))
             for r, steps in zip(frame["run_id"], frame["step_ms_samples"])]
 
 
@@ -176,6 +181,109 @@ def judge_stepwatch_floor(history: list[list[BankRun]], first_bad: int, min_rel_
         elif verdict.changed:
             out["elsewhere"] += 1
     return out
+
+
+FLOORS = (0.005, 0.01, 0.02, 0.03)  # the minimum relative changes the floor study compares
+
+
+def judge_at_floor(history: list[list[BankRun]], first_bad: int, floor: float) -> dict:
+    """The step-ms metric of the history through ingest.runs.track.judge_changes, as `ingest check`
+    runs it, with `floor` as the minimum relative change: confirmed at the right commit (bool),
+    confirmed elsewhere (a count), and whether the detector had a candidate at the right commit."""
+    points = [Point(f"c{i}", tuple(s for run in runs for s in run.steps_ms)) for i, runs in enumerate(history)]
+    values = [[run.value_ms for run in runs] for runs in history]
+    out = {"right": False, "elsewhere": 0}
+    for ch, verdict in judge_changes("step_ms", False, points, values, min_rel_change=floor):
+        if not verdict.changed:
+            continue
+        if ch.first_bad == first_bad and verdict.verdict == "regression":
+            out["right"] = True
+        else:
+            out["elsewhere"] += 1
+    return out
+
+
+def draw_cross_session(early: list[BankRun], late: list[BankRun], repeats: int,
+                       rng: np.random.Generator) -> list[list[BankRun]]:
+    """An A/A history across two sessions of one host: BEFORE[r] commits of `early` runs then
+    AFTER[r] of `late` ones (the same code; the H200 A/A study's runs, then the bank's base runs
+    2.5 hours later): what a drift between sessions does at each floor."""
+    before, after = BEFORE[repeats], AFTER[repeats]
+    a = [early[i] for i in rng.choice(len(early), before * repeats, replace=False)]
+    b = [late[i] for i in rng.choice(len(late), after * repeats, replace=False)]
+    return [a[i * repeats:(i + 1) * repeats] for i in range(before)] + \
+        [b[i * repeats:(i + 1) * repeats] for i in range(after)]
+
+
+def study_floors(bank: dict[str, list[BankRun]], controls: dict[str, list[BankRun]], histories: int,
+                 seed: int = 30) -> list[dict]:
+    """Detection and false alarms at each of FLOORS: for each change and r, `histories` histories
+    drawn as `resample` draws them (the same seeds: the same histories as its table), and for each
+    A/A control (`controls`: name -> runs) histories of the same shapes; every history judged at
+    every floor, so that the floors differ only in the floor. "cross-session" (when both the H200
+    A/A runs and the bank are there): A/A histories whose last AFTER[r] commits come from the other
+    session."""
+    rows = []
+    cases = [(c, None) for c in CHANGES] + [(name, runs) for name, runs in controls.items()]
+    if "aa-h200" in controls:
+        cases.append(("cross-session", None))
+    for name, runs in cases:
+        for repeats in (1, 2, 3):
+            rng = np.random.default_rng([seed, (*CHANGES, "none").index(name) if name in CHANGES else 4, repeats])
+            tally = {f: {"right": 0, "elsewhere": 0} for f in FLOORS}
+            for _ in range(histories):
+                if name in CHANGES:
+                    history, first_bad = draw_history(bank, name, repeats, rng), BEFORE[repeats]
+                elif name == "cross-session":
+                    history, first_bad = draw_cross_session(controls["aa-h200"], bank["base"], repeats, rng), -1
+                else:
+                    history, first_bad = draw_control(runs, repeats, rng), -1
+                for f in FLOORS:
+                    out = judge_at_floor(history, first_bad, f)
+                    tally[f]["right"] += out["right"]
+                    tally[f]["elsewhere"] += out["elsewhere"] > 0
+            rows.append({"case": name, "repeats": repeats, "histories": histories, "tally": tally})
+    return rows
+
+
+def format_floors(bank: dict[str, list[BankRun]], controls: dict[str, list[BankRun]], rows: list[dict]) -> str:
+    sizes = measured_changes(bank)
+    head = " | ".join(f"{100 * f:g} %: right / elsewhere" for f in FLOORS)
+    lines = [f"| case | runs | r | commits | histories | {head} |", "| --- | ---: | ---: | ---: | ---: |"
+             + " ---: |" * len(FLOORS)]
+    for row in rows:
+        c, r, n = row["case"], row["repeats"], row["histories"]
+        label = f"{c} ({100 * sizes[c][1]:+.1f} %)" if c in CHANGES else f"A/A {c}"
+        count = len(bank[c]) if c in CHANGES else len(controls["aa-h200"]) + len(bank["base"]) \
+            if c == "cross-session" else len(controls[c])
+        cells = " | ".join(f"{100 * t['right'] / n:.1f} % / {100 * t['elsewhere'] / n:.1f} %"
+                           for t in row["tally"].values())
+        lines.append(f"| {label} | {count} | {r} | {BEFORE[r]} + {AFTER[r]} | {n} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+FULL_HEAD = ("| A/A history | commits | metrics | " + " | ".join(f"{100 * f:g} %: confirmed (metrics)" for f in FLOORS)
+             + " |\n| --- | ---: | ---: |" + " --- |" * len(FLOORS) + "\n")
+
+
+def study_full_histories(db: Path, repos: tuple[str, ...]) -> str:
+    """Each A/A study's whole history (every metric of its series: step ms, tok/s, copy share,
+    categories, kernels' ms and calls per step, as `ingest check` judges them) at each floor: the
+    confirmed changes there are false alarms; counts are judged exactly at every floor."""
+    lines = []
+    with open_db(db, read_only=True) as store:
+        loaded = {repo: load_series(store, s) for repo in repos for s in list_tracked_series(store, repo)}
+    for repo, data in loaded.items():
+        commits = _commit_points(data.points)
+        metrics = list(_metric_points(commits, data.per_step, data.kernels, data.points))
+        cells = []
+        for f in FLOORS:
+            found = [m for m, higher, pts, values in metrics
+                     for ch, v in judge_changes(m, higher, pts, values, data.exact_counts, min_rel_change=f)
+                     if v.changed]
+            cells.append(f"{len(found)} ({', '.join(sorted(set(found)))[:120] or '-'})")
+        lines.append(f"| {repo} | {len(commits)} | {len(metrics)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def judge_asv(per_commit_ms: list[float], first_bad: int) -> dict:
@@ -437,7 +545,7 @@ def collect(work: Path, changes: tuple[str, ...], repeats: tuple[int, ...], budg
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ingest.studies.ab_study")
-    p.add_argument("what", choices=("collect", "analyse", "e2e"))
+    p.add_argument("what", choices=("collect", "analyse", "e2e", "floors"))
     p.add_argument("--work", default="/tmp/ab_study", type=Path)
     p.add_argument("--changes", default=",".join(CHANGES))
     p.add_argument("--repeats", default="1,3")
@@ -445,10 +553,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--histories", type=int, default=200)
     p.add_argument("--aa-db", type=Path, default=Path("/tmp/aa_study/h200.duckdb"),
                    help="analyse: the H200 A/A study's database (its 25 runs are the control; skipped if absent)")
+    p.add_argument("--aa-cpu-db", type=Path, default=Path("/tmp/aa_study/aa.duckdb"),
+                   help="floors: the 2-core A/A study's database (aa-idle, aa-loaded; skipped if absent)")
     args = p.parse_args(argv)
     if args.what == "collect":
         collect(args.work, tuple(args.changes.split(",")), tuple(int(r) for r in args.repeats.split(",")),
                 args.budget_s)
+    elif args.what == "floors":
+        bank = load_bank(unpack_bank(args.work))
+        controls, full = {}, []
+        for db, repos in ((args.aa_db, ("aa-h200",)), (args.aa_cpu_db, ("aa-idle", "aa-loaded"))):
+            if db.exists():
+                copy = args.work / f"floors-{db.name}"
+                shutil.copy(db, copy)
+                controls.update({repo: load_aa_runs(copy, repo) for repo in repos})
+                full.append(study_full_histories(copy, repos))
+        print(format_floors(bank, controls, study_floors(bank, controls, args.histories)))
+        sessions = {name: float(np.median([r.value_ms for r in runs])) for name, runs in
+                    (("aa-h200", controls.get("aa-h200")), ("bank base", bank["base"])) if runs}
+        print("medians of the sessions (ms): " + ", ".join(f"{k} {v:.4f}" for k, v in sessions.items()) + "\n")
+        print(FULL_HEAD + "".join(full), end="")
     elif args.what == "e2e":
         print(format_e2e(args.work / "e2e.jsonl"), end="")
     else:
