@@ -27,6 +27,7 @@ import shutil
 import statistics
 import tempfile
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -770,21 +771,30 @@ def run_sglang_server(spec: RunSpec, config: Config, host: Host, *, sha: str, wo
                 should_stop=should_stop, on_progress=on_progress, on_scratch=on_scratch)
 
 
-def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context], Measured], *, sha: str,
-         work_dir_local: Path, on_line, should_stop, on_progress, on_scratch=None) -> Path:
-    repo_path, patch_files = _check_runnable(spec, config, sha, server=measure is measure_server)
+def _progress_of(on_progress: Callable[[int, int], None] | None) -> Callable[[str], None]:
+    """A stage name -> on_progress(its place among STAGES, how many there are)."""
+    return (lambda stage: on_progress(STAGES.index(stage) + 1, len(STAGES))) if on_progress else (lambda stage: None)
+
+
+@contextmanager
+def _checkout_on_host(spec: RunSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path, server: bool,
+                      kind: str, on_scratch, progress: Callable[[str], None]):
+    """What a run and a sweep share before their benchmark and after it: check the spec, probe the
+    model directory, make the host's scratch directories and the worktree at `sha`, apply the
+    patches; yield (python, dirs, staging, applied patches), `staging` a local directory (`kind`
+    in its name) that the caller fills and renames. The staging directory is removed if the body
+    raises; the worktree and the host's scratch always."""
+    repo_path, patch_files = _check_runnable(spec, config, sha, server=server)
     python = config.host(spec.host).python
-    planned = len(STAGES)
-    progress = (lambda stage: on_progress(STAGES.index(stage) + 1, planned)) if on_progress else (lambda stage: None)
     work_dir_local = Path(work_dir_local)
     work_dir_local.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-{sha[:12]}-{re.sub(r'[^A-Za-z0-9._+-]', '_', spec.variant)}-"))
+    variant = re.sub(r"[^A-Za-z0-9._+-]", "_", spec.variant)  # a label may hold '/' (fix/a): not a path here
+    staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-{kind}{sha[:12]}-{variant}-"))
     dirs = HostDirs.under(host.mkdtemp("stepwatch-sglang-"))
     if on_scratch:
         on_scratch(dirs.base, repo_path)
     try:
-        problem = _probe(host, [python, "-c", MODEL_DIR_SCRIPT, *plan_model_dir_check(spec.workload,
-                                                                                     measure is measure_server)],
+        problem = _probe(host, [python, "-c", MODEL_DIR_SCRIPT, *plan_model_dir_check(spec.workload, server)],
                          "model directory probe").get("problem")
         if problem:
             raise RunError(explain_model_dir_problem(str(problem)))
@@ -793,32 +803,44 @@ def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context],
         progress("worktree")
         applied = apply_patches(host, dirs, patch_files, f"{spec.repo}@{sha[:12]}")
         progress("patches")
-        measured = measure(Context(host, python, dirs, spec, staging, on_line, should_stop))
-        progress("benchmark")
-        for name in measured.traces:
-            host.get(str(PurePosixPath(dirs.profile, name)), staging)
-        progress("trace")
-        env = {"PYTHONPATH": str(PurePosixPath(dirs.worktree, "python"))}
-        versions = _probe(host, [python, "-c", VERSIONS_SCRIPT, dirs.worktree], "versions probe",
-                          cwd=dirs.worktree, env=env)
-        layers = _probe(host, [python, "-c", LAYERS_SCRIPT, spec.workload.model_path],
-                        "model config probe").get("layers")
-        progress("versions")
-        (staging / "benchmark.log").write_text(measured.output)
-        manifest = build_manifest(spec, sha=sha, measured=measured, versions=versions,
-                                  layers=layers if isinstance(layers, int) and layers > 0 else None,
-                                  patches=applied)
-        write_bundle(staging, manifest)
-        bundle = staging.with_name(staging.name.lstrip("."))
-        staging.rename(bundle)
-        progress("bundle")
-        return bundle
+        yield python, dirs, staging, applied
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
         remove_worktree(host, repo_path, dirs.worktree)  # also when `worktree add` stopped half-way
         host.rmtree(dirs.base)
+
+
+def _probe_versions_and_layers(host: Host, python: str, dirs: HostDirs, model_path: str) -> tuple[dict, int | None]:
+    """The checkout's package versions and the model's layer count (None when its config has none)."""
+    env = {"PYTHONPATH": str(PurePosixPath(dirs.worktree, "python"))}
+    versions = _probe(host, [python, "-c", VERSIONS_SCRIPT, dirs.worktree], "versions probe",
+                      cwd=dirs.worktree, env=env)
+    layers = _probe(host, [python, "-c", LAYERS_SCRIPT, model_path], "model config probe").get("layers")
+    return versions, layers if isinstance(layers, int) and layers > 0 else None
+
+
+def _run(spec: RunSpec, config: Config, host: Host, measure: Callable[[Context], Measured], *, sha: str,
+         work_dir_local: Path, on_line, should_stop, on_progress, on_scratch=None) -> Path:
+    progress = _progress_of(on_progress)
+    with _checkout_on_host(spec, config, host, sha=sha, work_dir_local=work_dir_local,
+                           server=measure is measure_server, kind="", on_scratch=on_scratch,
+                           progress=progress) as (python, dirs, staging, applied):
+        measured = measure(Context(host, python, dirs, spec, staging, on_line, should_stop))
+        progress("benchmark")
+        for name in measured.traces:
+            host.get(str(PurePosixPath(dirs.profile, name)), staging)
+        progress("trace")
+        versions, layers = _probe_versions_and_layers(host, python, dirs, spec.workload.model_path)
+        progress("versions")
+        (staging / "benchmark.log").write_text(measured.output)
+        write_bundle(staging, build_manifest(spec, sha=sha, measured=measured, versions=versions, layers=layers,
+                                             patches=applied))
+        bundle = staging.with_name(staging.name.lstrip("."))
+        staging.rename(bundle)
+        progress("bundle")
+        return bundle
 
 
 def run_sglang_sweep(sweep: SweepSpec, config: Config, host: Host, *, sha: str, work_dir_local: Path,
@@ -832,33 +854,12 @@ def run_sglang_sweep(sweep: SweepSpec, config: Config, host: Host, *, sha: str, 
     first = sweep.points[0]
     if not sweep.in_one_process:
         raise RunError(f"sweep {sweep.sweep_id}: only the one-batch benchmark (TP 1) runs a sweep in one process")
-    repo_path, patch_files = _check_runnable(first, config, sha, server=False)
-    python = config.host(first.host).python
-    planned = len(STAGES)
-    progress = (lambda stage: on_progress(STAGES.index(stage) + 1, planned)) if on_progress else (lambda stage: None)
-    work_dir_local = Path(work_dir_local)
-    work_dir_local.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=work_dir_local, prefix=f".sglang-sweep-{sha[:12]}-{first.variant}-"))
-    dirs = HostDirs.under(host.mkdtemp("stepwatch-sglang-"))
-    if on_scratch:
-        on_scratch(dirs.base, repo_path)
-    try:
-        problem = _probe(host, [python, "-c", MODEL_DIR_SCRIPT, *plan_model_dir_check(first.workload, False)],
-                         "model directory probe").get("problem")
-        if problem:
-            raise RunError(explain_model_dir_problem(str(problem)))
-        host.run(["mkdir", "-p", "--", dirs.profile, dirs.patches], timeout_s=_SHORT_S)
-        add_worktree(host, repo_path, sha, dirs.worktree)
-        progress("worktree")
-        applied = apply_patches(host, dirs, patch_files, f"{first.repo}@{sha[:12]}")
-        progress("patches")
+    progress = _progress_of(on_progress)
+    with _checkout_on_host(first, config, host, sha=sha, work_dir_local=work_dir_local, server=False,
+                           kind="sweep-", on_scratch=on_scratch, progress=progress) as (python, dirs, staging, applied):
         found = measure_one_batch_sweep(Context(host, python, dirs, first, staging, on_line, should_stop), sweep)
         progress("benchmark")
-        env = {"PYTHONPATH": str(PurePosixPath(dirs.worktree, "python"))}
-        versions = _probe(host, [python, "-c", VERSIONS_SCRIPT, dirs.worktree], "versions probe",
-                          cwd=dirs.worktree, env=env)
-        layers = _probe(host, [python, "-c", LAYERS_SCRIPT, first.workload.model_path],
-                        "model config probe").get("layers")
+        versions, layers = _probe_versions_and_layers(host, python, dirs, first.workload.model_path)
         progress("versions")
         missing = {}
         for i, measured in found.items():
@@ -871,19 +872,12 @@ def run_sglang_sweep(sweep: SweepSpec, config: Config, host: Host, *, sha: str, 
                 host.get(str(PurePosixPath(dirs.profile, name)), point_dir)
             (point_dir / "benchmark.log").write_text(measured.output)
             write_bundle(point_dir, build_manifest(sweep.points[i], sha=sha, measured=measured, versions=versions,
-                                                   layers=layers if isinstance(layers, int) and layers > 0 else None,
-                                                   patches=applied))
+                                                   layers=layers, patches=applied))
         progress("trace")
         directory = staging.with_name(staging.name.lstrip("."))
         staging.rename(directory)
         progress("bundle")
         return directory, missing
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    finally:
-        remove_worktree(host, repo_path, dirs.worktree)
-        host.rmtree(dirs.base)
 
 
 def _run_sweep_engine(sweep: SweepSpec, config: Config, host: Host, checkout: Checkout, work_dir: Path,
