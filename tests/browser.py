@@ -4,6 +4,7 @@ in CI (CI=true), where a missing browser fails: .ci/run installs it with scripts
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -62,3 +63,20 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
         except OSError:
             time.sleep(0.3)
     raise AssertionError(f"{url} did not answer within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def serve_dashboard(env: dict):
+    """`streamlit run app/main.py` with `env` on a free port, healthy: yields its base URL; stopped after
+    (terminate, then kill after 20 s)."""
+    port = free_port()
+    app = start_streamlit(env, port)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 300, app)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        app.terminate()
+        try:
+            app.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            app.kill()

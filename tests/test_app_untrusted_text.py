@@ -19,7 +19,6 @@ import dataclasses
 import http.server
 import os
 import re
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -41,7 +40,7 @@ from ingest.runs.spec import parse_spec
 from ingest.runs.track import track_changes
 from ingest.traces.categories import load_rule_chain
 from ingest.traces.importer import ImportOptions, diagnose_record, find_workload_key, prepare_import
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, free_port, need_browser, start_streamlit, wait_http
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, need_browser, serve_dashboard
 from tests.helpers import ROOT
 
 SAMPLES = ROOT / "app" / "sample_data"
@@ -312,17 +311,8 @@ def hostile_dashboard(trap, tmp_path_factory):
     ids = build_hostile_db(db, port)
     env = {**os.environ, "STEPWATCH_DB": str(db), "PYTHONUNBUFFERED": "1"}
     env.pop("STEPWATCH_CONFIG", None)
-    app_port = free_port()
-    app = start_streamlit(env, app_port)
-    try:
-        wait_http(f"http://127.0.0.1:{app_port}/_stcore/health", 300, app)
-        yield f"http://127.0.0.1:{app_port}", ids
-    finally:
-        app.terminate()
-        try:
-            app.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            app.kill()
+    with serve_dashboard(env) as base:
+        yield base, ids
 
 
 # each page's URL and what says it has rendered all its sections: (text, how many times) each,

@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, free_port, need_browser, start_streamlit, wait_http
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, need_browser, serve_dashboard
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # a browser over streamlit
@@ -33,17 +33,8 @@ def dashboard(tmp_path_factory):
     loaded = subprocess.run([sys.executable, "-m", "ingest", "samples", "--db", str(db)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr
-    port = free_port()
-    app = start_streamlit(env, port)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 300, app)
-        yield f"http://127.0.0.1:{port}", db
-    finally:
-        app.terminate()
-        try:
-            app.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            app.kill()
+    with serve_dashboard(env) as base:
+        yield base, db
 
 
 def test_the_sweep_answers_bs_32_above_the_fold_at_1280x800(dashboard):
